@@ -1,0 +1,1 @@
+//! The autoscaling policy (pure) and the trace-replay simulator that measures it.

@@ -1,0 +1,1 @@
+//! Metering: the per-token ledger, prices, reports and invoices.

@@ -1,0 +1,1 @@
+//! The broker protocol between gateway, workers, controller and billing.

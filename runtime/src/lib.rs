@@ -1,0 +1,1 @@
+//! The inference engine: GGUF models, paged KV cache, continuous batching, serving.

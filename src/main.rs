@@ -1,0 +1,2 @@
+//! `tidal`: one binary, many roles.
+fn main() {}

@@ -1,1 +1,25 @@
-//! The broker protocol between gateway, workers, controller and billing.
+//! The broker protocol between gateway, workers, controller and billing
+//! (design.md, "Broker protocol" and "Preemption-safe generation").
+//!
+//! [`Broker`] is the interface; [`RedisBroker`] implements it on Redis Streams with consumer
+//! groups (production) and [`MemoryBroker`] in process (`tidal up`, tests). Both pass one
+//! test suite (`tests/broker_suite.rs`). The rules they share (start gate, response fencing,
+//! ownership) are documented on [`broker`].
+
+pub mod bench;
+pub mod broker;
+pub mod clock;
+mod error;
+pub mod keys;
+mod memory;
+pub mod metrics;
+mod redis_broker;
+mod types;
+
+pub use broker::{Broker, BrokerConfig};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{QueueError, Result};
+pub use keys::Keys;
+pub use memory::MemoryBroker;
+pub use redis_broker::RedisBroker;
+pub use types::*;

@@ -1,0 +1,323 @@
+//! `tidal sim` arguments and entry point.
+
+use super::engine::FleetConfig;
+use super::profile::ServiceProfile;
+use super::trace::{self, Synthetic};
+use super::{simulate, spot_outages, svg, SimConfig, SimReport};
+use crate::spec::{CapacityMode, ScalingSpec};
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Replay a request trace through the autoscaling policies on a simulated fleet.
+#[derive(Debug, Clone, Args)]
+pub struct SimArgs {
+    /// Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens).
+    #[arg(long, default_value = "../shared/traces/azure-llm-2023-code.csv")]
+    pub trace: PathBuf,
+    /// Use the synthetic diurnal/bursty generator instead of --trace.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Keep this fraction of requests (seeded).
+    #[arg(long, default_value_t = 1.0)]
+    pub thin: f64,
+    /// Multiply arrival times by this (above 1 stretches, below 1 compresses).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Play the trace this many times back to back.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Seed for thinning, the generator, interruptions and spot outages.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Synthetic: length, seconds.
+    #[arg(long, default_value_t = 3600.0)]
+    pub syn_duration_s: f64,
+    /// Synthetic: mean requests/s.
+    #[arg(long, default_value_t = 2.0)]
+    pub syn_rps: f64,
+    /// Synthetic: diurnal amplitude 0..1.
+    #[arg(long, default_value_t = 0.6)]
+    pub syn_amplitude: f64,
+    /// Synthetic: diurnal period, seconds.
+    #[arg(long, default_value_t = 3600.0)]
+    pub syn_period_s: f64,
+    /// Synthetic: bursts per hour.
+    #[arg(long, default_value_t = 2.0)]
+    pub syn_bursts_per_hour: f64,
+    /// Synthetic: rate multiplier during a burst.
+    #[arg(long, default_value_t = 5.0)]
+    pub syn_burst_multiplier: f64,
+    /// Synthetic: burst length, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub syn_burst_s: f64,
+    /// Synthetic: mean prompt tokens.
+    #[arg(long, default_value_t = 1024.0)]
+    pub syn_prompt_mean: f64,
+    /// Synthetic: mean generated tokens.
+    #[arg(long, default_value_t = 128.0)]
+    pub syn_generated_mean: f64,
+    /// Built-in service profile: gpu-8b or cpu-smollm2-135m.
+    #[arg(long, default_value = "gpu-8b")]
+    pub profile: String,
+    /// JSON service profile (e.g. from the runtime's benchmark); replaces --profile.
+    #[arg(long)]
+    pub service_profile: Option<PathBuf>,
+    /// Override the profile's cold start, seconds.
+    #[arg(long)]
+    pub cold_start_s: Option<f64>,
+    /// Override the profile's TTFT target, seconds.
+    #[arg(long)]
+    pub ttft_slo_s: Option<f64>,
+    /// Override the profile's per-replica in-flight target.
+    #[arg(long)]
+    pub target_in_flight: Option<f64>,
+    /// Interruptions per spot replica-hour.
+    #[arg(long, default_value_t = 0.1)]
+    pub interruptions_per_hour: f64,
+    /// Interruption notice, seconds (AWS 120, GCP 30).
+    #[arg(long, default_value_t = 120.0)]
+    pub notice_s: f64,
+    /// Spot-unavailable periods per hour.
+    #[arg(long, default_value_t = 0.5)]
+    pub spot_outages_per_hour: f64,
+    /// Mean length of a spot-unavailable period, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub spot_outage_mean_s: f64,
+    /// Workers claim a job only while their unstarted prefill is below this many seconds
+    /// (default: whenever a sequence slot is free).
+    #[arg(long)]
+    pub claim_prefill_budget_s: Option<f64>,
+    /// Drain budget of a scaled-down replica, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_s: f64,
+    /// Our policy: idle time before scaling to zero, seconds.
+    #[arg(long, default_value_t = 120.0)]
+    pub scale_to_zero_after_s: f64,
+    /// Our policy: scale-down delay, seconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub scale_down_delay_s: f64,
+    /// Our policy: stable window, seconds (the panic window is a tenth of it).
+    #[arg(long, default_value_t = 60.0)]
+    pub stable_window_s: f64,
+    /// Our policy: max scale-up rate per decision, relative to ready replicas.
+    #[arg(long, default_value_t = 1000.0)]
+    pub max_scale_up_rate: f64,
+    /// Our policy: spot pending time before on-demand fallback, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub fallback_after_s: f64,
+    /// Our policy: capacity mode (spot, on-demand, spot-with-fallback).
+    #[arg(long, default_value = "spot-with-fallback")]
+    pub capacity_mode: String,
+    /// Upper bound on replicas for every policy.
+    #[arg(long, default_value_t = 200)]
+    pub max_replicas: u32,
+    /// Decision interval of our policy and KPA, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    pub tick_s: f64,
+    /// Simulation step, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub dt_ms: u64,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the load/replicas plot (SVG) here.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write every policy's time series (CSV) here.
+    #[arg(long)]
+    pub series_csv: Option<PathBuf>,
+}
+
+fn secs(x: f64, what: &str) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(x)
+        .with_context(|| format!("{what} must be a non-negative number of seconds"))
+}
+
+/// Builds the simulation from arguments (reads the trace and profile).
+pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
+    let mut profile = match &args.service_profile {
+        Some(path) => ServiceProfile::from_file(path)?,
+        None => ServiceProfile::builtin(&args.profile)?,
+    };
+    if let Some(c) = args.cold_start_s {
+        profile.cold_start_s = c;
+    }
+    if let Some(s) = args.ttft_slo_s {
+        profile.ttft_slo_s = s;
+    }
+    if let Some(t) = args.target_in_flight {
+        profile.target_in_flight = t;
+    }
+    profile.validate()?;
+
+    let (mut reqs, mut label) = if args.synthetic {
+        let syn = Synthetic {
+            duration_s: args.syn_duration_s,
+            mean_rps: args.syn_rps,
+            diurnal_amplitude: args.syn_amplitude,
+            period_s: args.syn_period_s,
+            bursts_per_hour: args.syn_bursts_per_hour,
+            burst_multiplier: args.syn_burst_multiplier,
+            burst_s: args.syn_burst_s,
+            prompt_mean: args.syn_prompt_mean,
+            generated_mean: args.syn_generated_mean,
+            seed: args.seed,
+        };
+        (trace::synthetic(&syn), format!("synthetic {syn:?}"))
+    } else {
+        let reqs = trace::load_csv(&args.trace)?;
+        (reqs, args.trace.display().to_string())
+    };
+    if args.thin < 1.0 {
+        reqs = trace::thin(&reqs, args.thin, args.seed);
+        label.push_str(&format!(", thinned to {} (seed {})", args.thin, args.seed));
+    }
+    if args.time_scale != 1.0 {
+        anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+        reqs = trace::scale_time(&reqs, args.time_scale);
+        label.push_str(&format!(", time x{}", args.time_scale));
+    }
+    if args.repeat > 1 {
+        let period = trace::period_ms(&reqs);
+        reqs = trace::repeat(&reqs, args.repeat, period);
+        label.push_str(&format!(", repeated {}x", args.repeat));
+    }
+    anyhow::ensure!(!reqs.is_empty(), "the trace is empty after transformation");
+
+    let horizon = reqs.last().map_or(0, |r| r.arrival_ms);
+    let capacity_mode = match args.capacity_mode.as_str() {
+        "spot" => CapacityMode::Spot,
+        "on-demand" => CapacityMode::OnDemand,
+        "spot-with-fallback" => CapacityMode::SpotWithFallback,
+        other => anyhow::bail!("unknown capacity mode {other:?}"),
+    };
+    let spec = ScalingSpec {
+        min_replicas: 0,
+        max_replicas: args.max_replicas,
+        target_in_flight_per_replica: profile.target_in_flight,
+        scale_to_zero_after: secs(args.scale_to_zero_after_s, "--scale-to-zero-after-s")?,
+        fallback_after: secs(args.fallback_after_s, "--fallback-after-s")?,
+        max_scale_up_rate: args.max_scale_up_rate,
+        scale_down_delay: secs(args.scale_down_delay_s, "--scale-down-delay-s")?,
+        stable_window: secs(args.stable_window_s, "--stable-window-s")?,
+        panic_window: secs(args.stable_window_s / 10.0, "--stable-window-s")?,
+        capacity_mode,
+        ..ScalingSpec::default()
+    };
+    spec.validate()?;
+    let cold = secs(profile.cold_start_s, "coldStartS")?;
+    let scaled = ScalingSpec {
+        max_replicas: spec.max_replicas,
+        target_in_flight_per_replica: spec.target_in_flight_per_replica,
+        fallback_after: spec.fallback_after,
+        capacity_mode: spec.capacity_mode,
+        ..ScalingSpec::for_cold_start(cold)
+    };
+    scaled.validate()?;
+    let ours = vec![
+        ("ours".to_string(), spec),
+        ("ours-coldstart".to_string(), scaled),
+    ];
+    let fleet = FleetConfig {
+        profile,
+        dt_ms: args.dt_ms.max(1),
+        drain_ms: secs(args.drain_s, "--drain-s")?.as_millis() as u64,
+        notice_ms: secs(args.notice_s, "--notice-s")?.as_millis() as u64,
+        interruptions_per_hour: args.interruptions_per_hour.max(0.0),
+        spot_outages: spot_outages(
+            args.spot_outages_per_hour,
+            args.spot_outage_mean_s,
+            horizon,
+            args.seed,
+        ),
+        sample_ms: (horizon / 600).max(1000),
+        seed: args.seed,
+        max_overrun_ms: 2 * 3_600_000,
+        claim_prefill_budget_s: args.claim_prefill_budget_s,
+    };
+    Ok(SimConfig {
+        requests: reqs,
+        trace_label: label,
+        fleet,
+        ours,
+        tick: secs(args.tick_s, "--tick-s")?.max(Duration::from_millis(1)),
+    })
+}
+
+/// Runs the simulation, prints the table (or JSON) and writes the plot if asked; returns the
+/// report for callers that want it.
+pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
+    let cfg = config(args)?;
+    let report = simulate(&cfg);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render_text(&report));
+    }
+    if let Some(path) = &args.svg {
+        let panels: Vec<(&str, &[super::Sample])> = report
+            .policies
+            .iter()
+            .map(|p| (p.name.as_str(), p.series.as_slice()))
+            .collect();
+        let title = format!("{} — {}", report.fleet.profile.name, report.trace);
+        std::fs::write(path, svg::render(&title, &panels))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.series_csv {
+        let mut csv =
+            String::from("policy,t_s,arrivals_per_s,ready_spot,ready_on_demand,billed,backlog\n");
+        for p in &report.policies {
+            for x in &p.series {
+                csv.push_str(&format!(
+                    "{},{},{},{},{},{},{}\n",
+                    p.name,
+                    x.t_s,
+                    x.arrivals_per_s,
+                    x.ready_spot,
+                    x.ready_on_demand,
+                    x.billed,
+                    x.backlog
+                ));
+            }
+        }
+        std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+/// The human-readable report: header, table and the target verdict.
+pub fn render_text(r: &SimReport) -> String {
+    let p = &r.fleet.profile;
+    let mut out = format!(
+        "trace: {} ({} requests, {:.0} s, {} tokens)\nprofile: {} (prefill {:.0} tok/s, decode {:.0}->{:.0} tok/s at {} seqs, cold start {:.0} s, spot {:.4}/h, on-demand {:.4}/h, TTFT target {} s, target in-flight {})\nspot: {} interruptions per replica-hour, {:.0} s notice, {} unavailable periods; always-on replicas: {}\n\n",
+        r.trace, r.requests, r.trace_duration_s, r.billable_tokens,
+        p.name, p.prefill_tokens_per_s, p.decode_tokens_per_s_single, p.decode_tokens_per_s_at_max,
+        p.max_concurrent_seqs, p.cold_start_s,
+        p.spot_price_micros_per_hour as f64 / 1e6, p.on_demand_price_micros_per_hour as f64 / 1e6,
+        p.ttft_slo_s, p.target_in_flight,
+        r.fleet.interruptions_per_hour, r.fleet.notice_ms as f64 / 1000.0, r.fleet.spot_outages.len(),
+        r.always_on_replicas,
+    );
+    let mut rows = vec![r.oracle.clone()];
+    rows.extend(r.policies.iter().cloned());
+    out.push_str(&super::report::table(&rows, p.ttft_slo_s));
+    for t in &r.targets {
+        out.push_str(&format!(
+            "\ntarget for {} (<= 1.3x oracle, >= 99% SLO, cheaper than every baseline at >= 99% SLO): {} — {:.2}x oracle, {:.2}% SLO{}",
+            t.policy,
+            if t.met { "MET" } else { "NOT MET" },
+            t.cost_vs_oracle,
+            t.slo_attainment * 100.0,
+            if t.not_beaten.is_empty() {
+                String::new()
+            } else {
+                format!(", not cheaper than {}", t.not_beaten.join(", "))
+            },
+        ));
+    }
+    out.push('\n');
+    out
+}

@@ -1,0 +1,192 @@
+//! Trace-replay simulator (`tidal sim`): replays a request trace through the real autoscaling
+//! policy on a simulated fleet, side by side with the baselines people use today (Knative KPA,
+//! KEDA + HPA, always-on at the peak) and the oracle lower bound.
+
+pub mod cli;
+pub mod engine;
+pub mod fleet;
+pub mod profile;
+pub mod report;
+pub mod scalers;
+pub mod svg;
+pub mod trace;
+
+pub use cli::{run, SimArgs};
+pub use engine::{run_policy, FleetConfig, PolicyRun, Sample};
+pub use profile::ServiceProfile;
+pub use report::PolicySummary;
+pub use trace::Request;
+
+use crate::spec::ScalingSpec;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use scalers::{AlwaysOn, Keda, Ours, Scaler};
+use serde::Serialize;
+use std::time::Duration;
+
+/// One simulation: the trace, the fleet and our policy's spec.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Requests sorted by arrival.
+    pub requests: Vec<Request>,
+    /// How the trace was made (for the report).
+    pub trace_label: String,
+    /// The simulated fleet.
+    pub fleet: FleetConfig,
+    /// Our policy under one or more specs (names start with "ours"); the first one's
+    /// `maxReplicas` bounds the baselines too.
+    pub ours: Vec<(String, ScalingSpec)>,
+    /// Decision interval of our policy and the KPA baseline.
+    pub tick: Duration,
+}
+
+/// The comparison for one trace.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    /// How the trace was made.
+    pub trace: String,
+    /// Requests in the trace.
+    pub requests: usize,
+    /// Last arrival, seconds.
+    pub trace_duration_s: f64,
+    /// Prompt + generated tokens in the trace.
+    pub billable_tokens: u64,
+    /// The fleet configuration.
+    pub fleet: FleetConfig,
+    /// Our policy's specs.
+    pub ours: Vec<(String, ScalingSpec)>,
+    /// Replicas of the always-on baseline.
+    pub always_on_replicas: u32,
+    /// The oracle lower bound.
+    pub oracle: PolicySummary,
+    /// Every simulated policy, ours first.
+    pub policies: Vec<PolicySummary>,
+    /// Per variant of ours: whether it meets the target, and why not if it does not.
+    pub targets: Vec<TargetCheck>,
+}
+
+/// The target: ours at most 1.3x the oracle's cost with at least 99 % SLO attainment,
+/// and cheaper than every baseline that reaches the same SLO.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TargetCheck {
+    /// Which variant of ours.
+    pub policy: String,
+    /// Ours' cost relative to the oracle.
+    pub cost_vs_oracle: f64,
+    /// Ours' SLO attainment.
+    pub slo_attainment: f64,
+    /// Baselines reaching 99 % SLO that are not more expensive than ours.
+    pub not_beaten: Vec<String>,
+    /// All three conditions hold.
+    pub met: bool,
+}
+
+/// Spot-unavailable periods: Poisson starts at `per_hour`, exponential lengths of mean
+/// `mean_s`, over `[0, horizon_ms)`.
+pub fn spot_outages(per_hour: f64, mean_s: f64, horizon_ms: u64, seed: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    if per_hour <= 0.0 || mean_s <= 0.0 {
+        return out;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5EED_0075_7A6E);
+    let mut t = 0.0;
+    let exp = |rng: &mut ChaCha8Rng, mean: f64| -(1.0 - rng.random::<f64>()).ln() * mean;
+    loop {
+        t += exp(&mut rng, 3_600_000.0 / per_hour);
+        if t >= horizon_ms as f64 {
+            break;
+        }
+        let len = exp(&mut rng, mean_s * 1000.0);
+        out.push((t as u64, (t + len) as u64));
+        t += len;
+    }
+    out
+}
+
+/// Replicas a fixed fleet needs for the busiest minute: its fluid work over 60 s, rounded up.
+pub fn peak_replicas(reqs: &[Request], p: &ServiceProfile) -> u32 {
+    let mut per_minute: std::collections::BTreeMap<u64, f64> = Default::default();
+    for r in reqs {
+        *per_minute.entry(r.arrival_ms / 60_000).or_default() += report::work_ms(r, p);
+    }
+    let busiest = per_minute.values().fold(0.0_f64, |a, b| a.max(*b));
+    ((busiest / 60_000.0).ceil() as u32).max(1)
+}
+
+/// Runs every policy on the trace and compares them with the oracle.
+pub fn simulate(cfg: &SimConfig) -> SimReport {
+    let p = &cfg.fleet.profile;
+    let reqs = &cfg.requests;
+    let always = peak_replicas(reqs, p);
+    let max = cfg
+        .ours
+        .first()
+        .map_or(ScalingSpec::default().max_replicas, |(_, s)| s.max_replicas);
+    let mut scalers: Vec<Box<dyn Scaler>> = Vec::new();
+    for (name, spec) in &cfg.ours {
+        scalers.push(Box::new(Ours::new(name, spec.clone(), cfg.tick)));
+    }
+    scalers.push(Box::new(scalers::knative_kpa(
+        p.target_in_flight,
+        max,
+        cfg.tick,
+    )));
+    scalers.push(Box::new(Keda::new(p.target_in_flight, max)));
+    scalers.push(Box::new(AlwaysOn::new(always)));
+    let oracle = report::oracle(reqs, p);
+    let policies: Vec<PolicySummary> = scalers
+        .iter_mut()
+        .map(|s| {
+            let run = run_policy(reqs, &cfg.fleet, s.as_mut());
+            tracing::debug!(policy = %run.name, end_ms = run.end_ms, "replayed");
+            report::summarise(run, reqs, p, oracle.cost_micros)
+        })
+        .collect();
+    let targets = cfg
+        .ours
+        .iter()
+        .map(|(name, _)| check_target(&policies, name))
+        .collect();
+    SimReport {
+        trace: cfg.trace_label.clone(),
+        requests: reqs.len(),
+        trace_duration_s: reqs.last().map_or(0.0, |r| r.arrival_ms as f64 / 1000.0),
+        billable_tokens: report::billable_tokens(reqs),
+        fleet: cfg.fleet.clone(),
+        ours: cfg.ours.clone(),
+        always_on_replicas: always,
+        oracle,
+        policies,
+        targets,
+    }
+}
+
+/// Evaluates the target for the row named `ours` against the baselines (rows whose names do
+/// not start with "ours").
+pub fn check_target(policies: &[PolicySummary], ours: &str) -> TargetCheck {
+    let Some(me) = policies.iter().find(|p| p.name == ours) else {
+        return TargetCheck {
+            policy: ours.into(),
+            cost_vs_oracle: f64::NAN,
+            slo_attainment: 0.0,
+            not_beaten: vec![],
+            met: false,
+        };
+    };
+    let not_beaten: Vec<String> = policies
+        .iter()
+        .filter(|b| !b.name.starts_with("ours"))
+        .filter(|b| b.slo_attainment >= 0.99 && b.cost_micros <= me.cost_micros)
+        .map(|b| b.name.clone())
+        .collect();
+    TargetCheck {
+        policy: ours.into(),
+        cost_vs_oracle: me.cost_vs_oracle,
+        slo_attainment: me.slo_attainment,
+        met: me.cost_vs_oracle <= 1.3 && me.slo_attainment >= 0.99 && not_beaten.is_empty(),
+        not_beaten,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! The scaling and capacity part of a `Model`'s spec, as the policy reads it.
+//!
+//! Field names and defaults follow Knative's KPA where the concept is the same (stable window
+//! 60 s, panic window 6 s = 10 % of it, panic threshold 200 %, max scale-up rate 1000, max
+//! scale-down rate 2); serde uses camelCase so the CRD crate can embed these types unchanged.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use thiserror::Error;
+
+/// Which capacity types a model's replicas may run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum CapacityMode {
+    /// Only spot/preemptible capacity (plus `baseOnDemandReplicas`); no fallback.
+    Spot,
+    /// Only on-demand capacity.
+    OnDemand,
+    /// Spot first; on-demand replaces spot replicas that are unavailable or interrupted.
+    #[default]
+    SpotWithFallback,
+}
+
+/// Autoscaling parameters of one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ScalingSpec {
+    /// Lower bound on serving replicas (0 allows scale to zero).
+    pub min_replicas: u32,
+    /// Upper bound on serving replicas.
+    pub max_replicas: u32,
+    /// Requests (queued + running) one replica is sized for.
+    pub target_in_flight_per_replica: f64,
+    /// Idle time (no backlog, nothing in flight, no new request) before scaling to zero.
+    #[serde(with = "secs")]
+    pub scale_to_zero_after: Duration,
+    /// Window over which demand is averaged for normal (stable-mode) decisions.
+    #[serde(with = "secs")]
+    pub stable_window: Duration,
+    /// Short window whose average triggers panic mode.
+    #[serde(with = "secs")]
+    pub panic_window: Duration,
+    /// Panic when the panic-window desire is at least this multiple of ready replicas.
+    pub panic_threshold: f64,
+    /// Scale down only to the highest target of this trailing period (Knative's
+    /// `scale-down-delay`), so replicas started for a burst are not cancelled while they
+    /// are still cold-starting. Zero disables it.
+    #[serde(with = "secs")]
+    pub scale_down_delay: Duration,
+    /// At most this multiple of the ready replicas per decision (scale up).
+    pub max_scale_up_rate: f64,
+    /// At least ready replicas divided by this per decision (scale down).
+    pub max_scale_down_rate: f64,
+    /// Which capacity types to use.
+    pub capacity_mode: CapacityMode,
+    /// On-demand replicas kept as a floor whenever the model has any replica (latency floor).
+    pub base_on_demand_replicas: u32,
+    /// How long a spot pod may stay Pending before an on-demand replica replaces it.
+    #[serde(with = "secs")]
+    pub fallback_after: Duration,
+}
+
+impl Default for ScalingSpec {
+    fn default() -> Self {
+        Self {
+            min_replicas: 0,
+            max_replicas: 10,
+            target_in_flight_per_replica: 8.0,
+            scale_to_zero_after: Duration::from_secs(120),
+            stable_window: Duration::from_secs(60),
+            panic_window: Duration::from_secs(6),
+            panic_threshold: 2.0,
+            scale_down_delay: Duration::ZERO,
+            max_scale_up_rate: 1000.0,
+            max_scale_down_rate: 2.0,
+            capacity_mode: CapacityMode::SpotWithFallback,
+            base_on_demand_replicas: 0,
+            fallback_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A spec the policy cannot act on.
+#[derive(Debug, Error, PartialEq)]
+pub enum SpecError {
+    /// `minReplicas` above `maxReplicas`.
+    #[error("minReplicas ({min}) is greater than maxReplicas ({max})")]
+    MinAboveMax {
+        /// minReplicas
+        min: u32,
+        /// maxReplicas
+        max: u32,
+    },
+    /// A ratio or target that must be positive and finite is not.
+    #[error("{field} must be a positive finite number, got {value}")]
+    NotPositive {
+        /// the camelCase field name
+        field: &'static str,
+        /// the offending value
+        value: f64,
+    },
+    /// The panic window must be non-zero and no longer than the stable window.
+    #[error("panicWindow must be non-zero and at most stableWindow")]
+    PanicWindow,
+    /// Scale-up/down rates below 1 would forbid moving in that direction at all.
+    #[error("{field} must be at least 1.0, got {value}")]
+    RateBelowOne {
+        /// the camelCase field name
+        field: &'static str,
+        /// the offending value
+        value: f64,
+    },
+}
+
+impl ScalingSpec {
+    /// The defaults with windows and delays scaled to a slow cold start `c` (GPU nodes,
+    /// large images and weights): a replica cannot help sooner than `c`, so reacting to
+    /// bursts shorter than that only buys replicas that arrive after the burst. Stable window
+    /// and scale-down delay `5c` (at least 60 s), panic window a tenth of the stable window,
+    /// scale to zero after `10c` (at least 120 s), and at most doubling per decision.
+    pub fn for_cold_start(c: Duration) -> Self {
+        let stable = (c * 5).max(Duration::from_secs(60));
+        Self {
+            stable_window: stable,
+            panic_window: stable / 10,
+            scale_down_delay: c * 5,
+            scale_to_zero_after: (c * 10).max(Duration::from_secs(120)),
+            max_scale_up_rate: 2.0,
+            ..Self::default()
+        }
+    }
+
+    /// Checks the invariants `decide` relies on.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.min_replicas > self.max_replicas {
+            return Err(SpecError::MinAboveMax {
+                min: self.min_replicas,
+                max: self.max_replicas,
+            });
+        }
+        for (field, value) in [
+            (
+                "targetInFlightPerReplica",
+                self.target_in_flight_per_replica,
+            ),
+            ("panicThreshold", self.panic_threshold),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(SpecError::NotPositive { field, value });
+            }
+        }
+        for (field, value) in [
+            ("maxScaleUpRate", self.max_scale_up_rate),
+            ("maxScaleDownRate", self.max_scale_down_rate),
+        ] {
+            if !(value.is_finite() && value >= 1.0) {
+                return Err(SpecError::RateBelowOne { field, value });
+            }
+        }
+        if self.panic_window.is_zero() || self.panic_window > self.stable_window {
+            return Err(SpecError::PanicWindow);
+        }
+        Ok(())
+    }
+}
+
+/// Durations as (fractional) seconds in JSON/YAML, as the CRD writes them.
+mod secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_camel_case() {
+        let spec = ScalingSpec::default();
+        spec.validate().unwrap();
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["scaleToZeroAfter"], 120.0);
+        assert_eq!(json["capacityMode"], "SpotWithFallback");
+        let back: ScalingSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn cold_start_scaling_keeps_knative_floors() {
+        let fast = ScalingSpec::for_cold_start(Duration::from_secs(5));
+        assert_eq!(
+            (fast.stable_window, fast.panic_window),
+            (Duration::from_secs(60), Duration::from_secs(6))
+        );
+        assert_eq!(fast.scale_to_zero_after, Duration::from_secs(120));
+        let slow = ScalingSpec::for_cold_start(Duration::from_secs(60));
+        assert_eq!(
+            (slow.stable_window, slow.panic_window),
+            (Duration::from_secs(300), Duration::from_secs(30))
+        );
+        assert_eq!(
+            (slow.scale_down_delay, slow.scale_to_zero_after),
+            (Duration::from_secs(300), Duration::from_secs(600))
+        );
+        slow.validate().unwrap();
+    }
+
+    #[test]
+    fn missing_fields_take_defaults() {
+        let spec: ScalingSpec =
+            serde_json::from_str(r#"{"maxReplicas": 3, "fallbackAfter": 1.5}"#).unwrap();
+        assert_eq!(spec.max_replicas, 3);
+        assert_eq!(spec.fallback_after, Duration::from_millis(1500));
+        assert_eq!(spec.stable_window, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn negative_duration_is_a_parse_error() {
+        assert!(serde_json::from_str::<ScalingSpec>(r#"{"stableWindow": -1}"#).is_err());
+    }
+
+    #[test]
+    fn validate_rejects_each_bad_field() {
+        let bad = |f: fn(&mut ScalingSpec)| {
+            let mut s = ScalingSpec::default();
+            f(&mut s);
+            s.validate().unwrap_err()
+        };
+        assert_eq!(
+            bad(|s| s.min_replicas = 11),
+            SpecError::MinAboveMax { min: 11, max: 10 }
+        );
+        assert!(matches!(
+            bad(|s| s.target_in_flight_per_replica = 0.0),
+            SpecError::NotPositive { .. }
+        ));
+        assert!(matches!(
+            bad(|s| s.panic_threshold = f64::NAN),
+            SpecError::NotPositive { .. }
+        ));
+        assert!(matches!(
+            bad(|s| s.max_scale_up_rate = 0.5),
+            SpecError::RateBelowOne { .. }
+        ));
+        assert!(matches!(
+            bad(|s| s.max_scale_down_rate = 0.9),
+            SpecError::RateBelowOne { .. }
+        ));
+        assert_eq!(
+            bad(|s| s.panic_window = Duration::ZERO),
+            SpecError::PanicWindow
+        );
+        assert_eq!(
+            bad(|s| s.panic_window = Duration::from_secs(61)),
+            SpecError::PanicWindow
+        );
+    }
+}

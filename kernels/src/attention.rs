@@ -1,0 +1,435 @@
+//! Paged attention over a block-table KV cache, after vLLM's `paged_attention` kernels: each
+//! sequence's keys and values live in fixed-size blocks scattered through one cache, found
+//! through the sequence's block table. One call serves a mixed batch (prefill chunks and decode
+//! steps of many sequences). The query heads sharing a KV head (GQA, llama.cpp's
+//! `h / (n_heads / n_kv_heads)` mapping) are processed together so each K/V row is read once
+//! per group; softmax subtracts the row maximum, so large logits cannot overflow.
+
+use rayon::prelude::*;
+
+/// The query tokens of one sequence in a batched attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionSeq<'a> {
+    /// Index of the sequence's first query token in the batch.
+    pub q_start: usize,
+    /// Number of consecutive query tokens of this sequence (1 for a decode step).
+    pub q_len: usize,
+    /// Position of the first query token; earlier positions are already in the cache.
+    pub start_pos: usize,
+    /// Physical KV block of each logical block of the sequence.
+    pub block_table: &'a [u32],
+}
+
+/// Shapes shared by every task of one call.
+struct Dims {
+    head_dim: usize,
+    group: usize,
+    kv_width: usize,
+    block_size: usize,
+    scale: f32,
+}
+
+/// q: `[n_tokens, n_heads, head_dim]`; token j of a sequence (at position start_pos + j)
+/// attends causally to positions `0..=start_pos + j` read through the block table; GQA
+/// (n_heads a multiple of n_kv_heads). Writes out: `[n_tokens, n_heads, head_dim]`; rows of
+/// tokens that belong to no sequence are zeroed.
+///
+/// # Panics
+/// On inconsistent shapes, overlapping or out-of-range sequences, a block table too short for
+/// the sequence's positions, or a block outside the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seqs: &[AttentionSeq],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    assert!(
+        n_kv_heads > 0 && head_dim > 0 && block_size > 0,
+        "paged_attention: zero dimension"
+    );
+    assert!(
+        n_heads.is_multiple_of(n_kv_heads),
+        "paged_attention: n_heads not a multiple of n_kv_heads"
+    );
+    let row = n_heads * head_dim;
+    assert!(
+        q.len().is_multiple_of(row.max(1)),
+        "paged_attention: q is not [n_tokens, n_heads, head_dim]"
+    );
+    assert_eq!(
+        out.len(),
+        q.len(),
+        "paged_attention: out and q differ in length"
+    );
+    let kv_width = n_kv_heads * head_dim;
+    assert_eq!(
+        k_cache.len(),
+        v_cache.len(),
+        "paged_attention: caches differ in length"
+    );
+    assert!(
+        k_cache.len().is_multiple_of(kv_width),
+        "paged_attention: cache is not rows of kv_width"
+    );
+    let n_tokens = q.len() / row.max(1);
+    let num_slots = k_cache.len() / kv_width;
+
+    // token -> (sequence, index within it); checked up front so the workers cannot fail.
+    let mut owner: Vec<Option<(usize, usize)>> = vec![None; n_tokens];
+    for (s, seq) in seqs.iter().enumerate() {
+        let end = seq.q_start.checked_add(seq.q_len);
+        assert!(
+            end.is_some_and(|e| e <= n_tokens),
+            "paged_attention: sequence {s} out of the batch"
+        );
+        let ctx = seq.start_pos + seq.q_len;
+        assert!(
+            seq.q_len == 0 || seq.block_table.len() * block_size >= ctx,
+            "paged_attention: block table of sequence {s} too short for {ctx} positions"
+        );
+        let used_blocks = ctx.div_ceil(block_size);
+        for &b in &seq.block_table[..used_blocks.min(seq.block_table.len())] {
+            assert!(
+                (b as usize + 1) * block_size <= num_slots,
+                "paged_attention: block {b} of sequence {s} outside the cache"
+            );
+        }
+        for j in 0..seq.q_len {
+            let slot = &mut owner[seq.q_start + j];
+            assert!(
+                slot.is_none(),
+                "paged_attention: sequences overlap at token {}",
+                seq.q_start + j
+            );
+            *slot = Some((s, j));
+        }
+    }
+
+    let dims = Dims {
+        head_dim,
+        group: n_heads / n_kv_heads,
+        kv_width,
+        block_size,
+        scale,
+    };
+    let task = dims.group * head_dim;
+    if task == 0 {
+        return;
+    }
+    out.par_chunks_mut(task)
+        .zip(q.par_chunks(task))
+        .enumerate()
+        .for_each_init(Vec::new, |scores, (idx, (out_g, q_g))| {
+            let token = idx / n_kv_heads;
+            match owner[token] {
+                Some((s, j)) => {
+                    let seq = &seqs[s];
+                    attend_group(
+                        q_g,
+                        k_cache,
+                        v_cache,
+                        seq,
+                        seq.start_pos + j,
+                        idx % n_kv_heads,
+                        &dims,
+                        scores,
+                        out_g,
+                    )
+                }
+                None => out_g.fill(0.0),
+            }
+        });
+}
+
+/// Attention of the `group` query heads sharing KV head `kvh`, for one token at `pos`.
+#[allow(clippy::too_many_arguments)]
+fn attend_group(
+    q_g: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    seq: &AttentionSeq,
+    pos: usize,
+    kvh: usize,
+    d: &Dims,
+    scores: &mut Vec<f32>,
+    out_g: &mut [f32],
+) {
+    let ctx = pos + 1;
+    let hd = d.head_dim;
+    let row_of = |p: usize| {
+        let slot = seq.block_table[p / d.block_size] as usize * d.block_size + p % d.block_size;
+        slot * d.kv_width + kvh * hd
+    };
+    scores.clear();
+    scores.resize(d.group * ctx, 0.0);
+    for p in 0..ctx {
+        let k = &k_cache[row_of(p)..row_of(p) + hd];
+        for g in 0..d.group {
+            scores[g * ctx + p] = crate::simd::dot(&q_g[g * hd..(g + 1) * hd], k) * d.scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(ctx) {
+        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0;
+        for v in s.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        crate::simd::scale(s, 1.0 / sum);
+    }
+    out_g.fill(0.0);
+    for p in 0..ctx {
+        let v = &v_cache[row_of(p)..row_of(p) + hd];
+        for g in 0..d.group {
+            crate::simd::axpy(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p], v);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+mod tests {
+    use super::*;
+    use crate::test_util::{assert_close, random_vec, rng};
+    use crate::write_kv;
+    use rand::seq::SliceRandom;
+    use rand::Rng;
+
+    /// A sequence of the test batch: its full K/V history (contiguous) and its query chunk.
+    struct TestSeq {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        blocks: Vec<u32>,
+        start_pos: usize,
+        q_len: usize,
+    }
+
+    /// Naive causal GQA attention in f64 over contiguous K/V of one sequence.
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        start_pos: usize,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let q_len = q.len() / (nh * hd);
+        let mut out = vec![0.0; q.len()];
+        for j in 0..q_len {
+            for h in 0..nh {
+                let kvh = h / (nh / nkv);
+                let qv = &q[(j * nh + h) * hd..][..hd];
+                let ctx = start_pos + j + 1;
+                let s: Vec<f64> = (0..ctx)
+                    .map(|p| {
+                        let kr = &k[(p * nkv + kvh) * hd..][..hd];
+                        qv.iter()
+                            .zip(kr)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for i in 0..hd {
+                    let acc: f64 = (0..ctx)
+                        .map(|p| e[p] / z * v[(p * nkv + kvh) * hd + i] as f64)
+                        .sum();
+                    out[(j * nh + h) * hd + i] = acc as f32;
+                }
+            }
+        }
+        out
+    }
+
+    /// Builds a mixed batch over a shared, shuffled block pool and checks every token.
+    fn check_batch(
+        seed: u64,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        bs: usize,
+        shapes: &[(usize, usize)],
+        q_scale: f32,
+    ) {
+        let mut r = rng(seed);
+        let kvw = nkv * hd;
+        let total_blocks: usize = shapes
+            .iter()
+            .map(|(s, l)| (s + l).div_ceil(bs))
+            .sum::<usize>()
+            + 3;
+        let mut pool: Vec<u32> = (0..total_blocks as u32).collect();
+        pool.shuffle(&mut r);
+        let mut k_cache = random_vec(&mut r, total_blocks * bs * kvw, 9.0); // garbage outside
+        let mut v_cache = random_vec(&mut r, total_blocks * bs * kvw, 9.0);
+        let mut seqs_data = Vec::new();
+        for &(start_pos, q_len) in shapes {
+            let ctx = start_pos + q_len;
+            let blocks: Vec<u32> = (0..ctx.div_ceil(bs)).map(|_| pool.pop().unwrap()).collect();
+            let k = random_vec(&mut r, ctx * kvw, 1.0);
+            let v = random_vec(&mut r, ctx * kvw, 1.0);
+            let slots: Vec<usize> = (0..ctx)
+                .map(|p| blocks[p / bs] as usize * bs + p % bs)
+                .collect();
+            write_kv(&mut k_cache, &mut v_cache, &k, &v, &slots, kvw);
+            seqs_data.push(TestSeq {
+                k,
+                v,
+                blocks,
+                start_pos,
+                q_len,
+            });
+        }
+        let n_tokens: usize = shapes.iter().map(|s| s.1).sum();
+        let q = random_vec(&mut r, n_tokens * nh * hd, q_scale);
+        let mut q_start = 0;
+        let seqs: Vec<AttentionSeq> = seqs_data
+            .iter()
+            .map(|s| {
+                let a = AttentionSeq {
+                    q_start,
+                    q_len: s.q_len,
+                    start_pos: s.start_pos,
+                    block_table: &s.blocks,
+                };
+                q_start += s.q_len;
+                a
+            })
+            .collect();
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut out = vec![f32::NAN; q.len()];
+        paged_attention(
+            &q, &k_cache, &v_cache, &seqs, nh, nkv, hd, bs, scale, &mut out,
+        );
+        let row = nh * hd;
+        for (s, a) in seqs_data.iter().zip(&seqs) {
+            let qs = &q[a.q_start * row..(a.q_start + a.q_len) * row];
+            let want = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale);
+            assert_close(
+                &out[a.q_start * row..(a.q_start + a.q_len) * row],
+                &want,
+                1e-5,
+                1e-4,
+            );
+            // The same sequence alone in a batch gives bit-identical output.
+            let mut alone = vec![0.0; qs.len()];
+            let single = [AttentionSeq { q_start: 0, ..*a }];
+            paged_attention(
+                qs, &k_cache, &v_cache, &single, nh, nkv, hd, bs, scale, &mut alone,
+            );
+            assert_eq!(alone, &out[a.q_start * row..(a.q_start + a.q_len) * row]);
+        }
+    }
+
+    #[test]
+    fn single_decode_step() {
+        check_batch(40, 9, 3, 64, 16, &[(37, 1)], 1.0);
+    }
+
+    #[test]
+    fn single_prefill_from_zero() {
+        check_batch(41, 4, 4, 8, 4, &[(0, 13)], 1.0);
+    }
+
+    #[test]
+    fn mixed_batch_of_prefill_chunks_and_decodes() {
+        check_batch(
+            42,
+            9,
+            3,
+            64,
+            16,
+            &[(0, 5), (31, 1), (16, 16), (3, 1), (47, 9), (0, 1)],
+            1.0,
+        );
+    }
+
+    #[test]
+    fn random_shapes_with_odd_sizes_and_partial_blocks() {
+        let mut r = rng(43);
+        for case in 0..20 {
+            let nkv = r.random_range(1..4);
+            let nh = nkv * r.random_range(1..4);
+            let hd = r.random_range(1..20);
+            let bs = r.random_range(1..9);
+            let shapes: Vec<(usize, usize)> = (0..r.random_range(1..5))
+                .map(|_| (r.random_range(0..30), r.random_range(1..7)))
+                .collect();
+            check_batch(1000 + case, nh, nkv, hd, bs, &shapes, 1.0);
+        }
+    }
+
+    #[test]
+    fn huge_logits_stay_finite() {
+        check_batch(44, 2, 1, 16, 4, &[(20, 3)], 1000.0);
+    }
+
+    #[test]
+    fn tokens_outside_every_sequence_are_zeroed() {
+        let (nh, hd, bs) = (1, 2, 2);
+        let kc = vec![1.0; 4 * hd];
+        let vc = vec![2.0; 4 * hd];
+        let blocks = [1u32];
+        let seqs = [AttentionSeq {
+            q_start: 1,
+            q_len: 1,
+            start_pos: 0,
+            block_table: &blocks,
+        }];
+        let mut out = vec![f32::NAN; 2 * nh * hd];
+        paged_attention(&[1.0; 4], &kc, &vc, &seqs, nh, 1, hd, bs, 1.0, &mut out);
+        assert_eq!(out, vec![0.0, 0.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "too short")]
+    fn rejects_short_block_table() {
+        let blocks = [0u32];
+        let seqs = [AttentionSeq {
+            q_start: 0,
+            q_len: 1,
+            start_pos: 4,
+            block_table: &blocks,
+        }];
+        let mut out = vec![0.0; 2];
+        paged_attention(
+            &[0.0; 2], &[0.0; 16], &[0.0; 16], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "overlap")]
+    fn rejects_overlapping_sequences() {
+        let blocks = [0u32];
+        let seqs = [
+            AttentionSeq {
+                q_start: 0,
+                q_len: 2,
+                start_pos: 0,
+                block_table: &blocks,
+            },
+            AttentionSeq {
+                q_start: 1,
+                q_len: 1,
+                start_pos: 0,
+                block_table: &blocks,
+            },
+        ];
+        let mut out = vec![0.0; 4];
+        paged_attention(
+            &[0.0; 4], &[0.0; 8], &[0.0; 8], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+        );
+    }
+}

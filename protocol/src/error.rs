@@ -1,0 +1,141 @@
+use serde::Serialize;
+
+/// An error as OpenAI returns it: an HTTP status and `{"error": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {message}")]
+pub struct ApiError {
+    /// HTTP status code.
+    pub status: u16,
+    pub message: String,
+    /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, `server_error`, ...
+    pub kind: &'static str,
+    /// The offending request field, when there is one.
+    pub param: Option<String>,
+    /// A machine-readable code such as `model_not_found` or `context_length_exceeded`.
+    pub code: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    /// 400 about a request field.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.into()),
+            code: None,
+        }
+    }
+
+    /// 400 about the request as a whole (e.g. malformed JSON).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 404 for a model nobody serves.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: 404,
+            message: format!("The model `{model}` does not exist."),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 400 when prompt + max_tokens exceed the context window.
+    pub fn context_length(limit: usize, prompt: usize, max_tokens: usize) -> Self {
+        Self {
+            status: 400,
+            message: format!(
+                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                prompt + max_tokens
+            ),
+            kind: "invalid_request_error",
+            param: Some("messages".into()),
+            code: Some("context_length_exceeded"),
+        }
+    }
+
+    /// 503 when the server cannot take the request now.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: 503,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: Some("service_unavailable"),
+        }
+    }
+
+    /// 500 for a failure on our side.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::to_value(Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        })
+        .unwrap_or_default()
+    }
+}
+
+/// Parses a JSON request body, turning serde's message into a 400.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::invalid("temperature", "temperature must be between 0 and 2");
+        let body = e.body();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "temperature");
+        assert_eq!(body["error"]["message"], "temperature must be between 0 and 2");
+        assert!(body["error"]["code"].is_null());
+    }
+
+    #[test]
+    fn malformed_json_is_a_400() {
+        let err = parse_json::<serde_json::Value>(b"{not json").unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.message.starts_with("Invalid request body"));
+    }
+}

@@ -1,0 +1,11 @@
+//! The OpenAI-compatible wire protocol shared by the runtime's direct server and the gateway:
+//! request and response bodies, request validation, and OpenAI-style error bodies.
+
+pub mod chat;
+pub mod completion;
+pub mod error;
+pub mod models;
+pub mod params;
+pub mod usage;
+
+pub use error::ApiError;

@@ -1,0 +1,188 @@
+//! Sampling and stopping fields shared by chat and text completions, and their validation.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list of up to four.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields common to both completion endpoints, flattened into each request type.
+/// `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids` and `ignore_eos` are the usual
+/// extensions of open-model servers (vLLM, llama.cpp).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+pub struct SamplingFields {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+}
+
+/// Validated sampling settings with defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    pub min_p: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Number of alternatives per token to report, when log-probabilities were asked for.
+    pub top_logprobs: Option<usize>,
+}
+
+fn in_range(param: &str, value: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+    let v = value.unwrap_or(default);
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(ApiError::invalid(param, format!("`{param}` must be between {lo} and {hi}, got {v}")));
+    }
+    Ok(v)
+}
+
+impl SamplingFields {
+    /// Checks every field against OpenAI's documented ranges.
+    pub fn validate(&self, top_logprobs: Option<usize>) -> Result<Sampling, ApiError> {
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}")));
+            }
+        }
+        let top_p = in_range("top_p", self.top_p, 0.0, 1.0, 1.0)?;
+        if top_p == 0.0 {
+            return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0"));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => 0,
+            Some(k) if k > 0 => k as usize,
+            Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` must be -1, 0 or positive, got {k}"))),
+        };
+        let repetition_penalty = in_range("repetition_penalty", self.repetition_penalty, 0.0, 10.0, 1.0)?;
+        if repetition_penalty == 0.0 {
+            return Err(ApiError::invalid("repetition_penalty", "`repetition_penalty` must be greater than 0"));
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 {
+            return Err(ApiError::invalid("stop", format!("at most 4 stop sequences are allowed, got {}", stop.len())));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
+        }
+        Ok(Sampling {
+            temperature: in_range("temperature", self.temperature, 0.0, 2.0, 1.0)?,
+            top_p,
+            top_k,
+            min_p: in_range("min_p", self.min_p, 0.0, 1.0, 0.0)?,
+            presence_penalty: in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
+            frequency_penalty: in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
+            repetition_penalty,
+            seed: self.seed.map(|s| s as u64),
+            stop,
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            top_logprobs,
+        })
+    }
+
+    /// Whether the final chunk of a stream carries usage.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}
+
+/// `max_tokens` must be a positive integer when given.
+pub fn validate_max_tokens(param: &str, value: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v > 0 => Ok(Some(v as usize)),
+        Some(v) => Err(ApiError::invalid(param, format!("`{param}` must be at least 1, got {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(json: &str) -> SamplingFields {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let s = fields("{}").validate(None).unwrap();
+        assert_eq!(s.temperature, 1.0);
+        assert_eq!(s.top_p, 1.0);
+        assert_eq!(s.top_k, 0);
+        assert_eq!(s.repetition_penalty, 1.0);
+        assert!(s.stop.is_empty());
+    }
+
+    #[test]
+    fn each_bad_value_names_its_field() {
+        for (json, param) in [
+            (r#"{"temperature": 2.5}"#, "temperature"),
+            (r#"{"temperature": -0.1}"#, "temperature"),
+            (r#"{"top_p": 0}"#, "top_p"),
+            (r#"{"top_p": 1.5}"#, "top_p"),
+            (r#"{"top_k": -2}"#, "top_k"),
+            (r#"{"min_p": 1.5}"#, "min_p"),
+            (r#"{"presence_penalty": 3}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": -3}"#, "frequency_penalty"),
+            (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+            (r#"{"n": 2}"#, "n"),
+            (r#"{"stop": ["a","b","c","d","e"]}"#, "stop"),
+            (r#"{"stop": ""}"#, "stop"),
+        ] {
+            let err = fields(json).validate(None).unwrap_err();
+            assert_eq!(err.status, 400, "{json}");
+            assert_eq!(err.param.as_deref(), Some(param), "{json}");
+        }
+    }
+
+    #[test]
+    fn stop_accepts_string_or_list() {
+        assert_eq!(fields(r#"{"stop": "x"}"#).validate(None).unwrap().stop, vec!["x"]);
+        assert_eq!(fields(r#"{"stop": ["x","y"]}"#).validate(None).unwrap().stop, vec!["x", "y"]);
+    }
+
+    #[test]
+    fn max_tokens_must_be_positive() {
+        assert_eq!(validate_max_tokens("max_tokens", Some(5)).unwrap(), Some(5));
+        assert_eq!(validate_max_tokens("max_tokens", None).unwrap(), None);
+        assert_eq!(validate_max_tokens("max_tokens", Some(0)).unwrap_err().status, 400);
+        assert_eq!(validate_max_tokens("max_tokens", Some(-3)).unwrap_err().status, 400);
+    }
+}

@@ -1,0 +1,223 @@
+//! The `Broker` interface: every operation gateway, workers, controller and billing perform
+//! on the queue. Implemented by [`crate::RedisBroker`] (production) and
+//! [`crate::MemoryBroker`] (`tidal up`, tests) with the same semantics.
+//!
+//! # Rules both implementations hold
+//!
+//! * **Start gate.** Each request has a gate that is `started` or `withdrawn`, changed only
+//!   atomically. A claim (first delivery or takeover) passes a job to its caller only after
+//!   setting the gate to `started`; it drops (acks and deletes) a job whose gate is
+//!   `withdrawn`, whose cancel flag is set before it started, or whose deadline has passed
+//!   before it started (the deadline is compared with the broker's clock: Redis's `TIME`, or
+//!   the in-process broker's [`crate::Clock`]). [`Broker::withdraw`] sets `withdrawn` only while the gate is not
+//!   `started`. So when a withdraw races a claim, exactly one wins: either the job never
+//!   runs, or the withdrawer learns [`Withdrawal::AlreadyStarted`] and must cancel it instead.
+//! * **Response fencing.** Response events must be appended with consecutive seqs starting at 1,
+//!   and nothing after `done`/`error`. A worker that gets [`QueueError::SeqConflict`] has lost
+//!   the request to another worker (it was taken over) and must stop generating it.
+//!   A worker that takes over a job whose stream already ended gets
+//!   [`QueueError::ResponseFinished`] on its first append and should just ack the job.
+//! * **Ownership.** [`Broker::ack`] and [`Broker::requeue`] succeed only for the consumer that
+//!   holds the pending entry now ([`QueueError::NotOwner`] otherwise), so a worker presumed
+//!   dead cannot drop a job another worker took over.
+//!
+//! [`QueueError::SeqConflict`]: crate::QueueError::SeqConflict
+//! [`QueueError::NotOwner`]: crate::QueueError::NotOwner
+//! [`QueueError::ResponseFinished`]: crate::QueueError::ResponseFinished
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::error::Result;
+use crate::keys::DEFAULT_PREFIX;
+use crate::types::{
+    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, ResponseEvent, Resume, UsageDelivery,
+    UsageEvent, Withdrawal, WorkerHeartbeat,
+};
+
+/// Settings shared by both brokers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerConfig {
+    /// Key prefix (default `tidal:`).
+    pub prefix: String,
+    /// A response stream expires this long after its last event.
+    pub response_ttl: Duration,
+    /// A request's start gate and cancel flag live this long (renewed whenever the job is
+    /// claimed or taken over; the gate of an acked job lives only `response_ttl` more).
+    /// Must exceed the longest a job can wait plus run between two claims.
+    pub request_ttl: Duration,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            response_ttl: Duration::from_secs(600),
+            request_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// The queue between gateway, workers, controller and billing.
+#[async_trait]
+pub trait Broker: Send + Sync + std::fmt::Debug {
+    // --- jobs ---
+
+    /// Appends `job` to its model's jobs stream; returns its entry id (keep it to withdraw).
+    async fn enqueue(&self, job: &Job) -> Result<EntryId>;
+
+    /// Claims up to `max` jobs of `model` for `consumer` that no consumer got before,
+    /// waiting up to `block` for the first one (zero: do not wait). May return fewer, or none
+    /// before `block` elapses, when delivered jobs were dropped by the start gate. Jobs stay pending for
+    /// `consumer` until acked, re-enqueued or taken over.
+    async fn claim(
+        &self,
+        model: &str,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<ClaimedJob>>;
+
+    /// Takes over up to `max` jobs of `model` pending for longer than `min_idle` (their
+    /// consumer is presumed dead); they become pending for `consumer` with `attempt` raised.
+    async fn take_over(
+        &self,
+        model: &str,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>>;
+
+    /// Marks a finished job done and removes it from the stream.
+    async fn ack(&self, job: &ClaimedJob) -> Result<()>;
+
+    /// Atomically appends the job again with `resume` (its `segments` is set to
+    /// `job.segment() + 1`) and acks the old entry; returns the new entry id.
+    /// Re-enqueued jobs wait in the model's resumed stream, which every claim and takeover
+    /// serves before fresh jobs (a started request is not sent to the back of the queue).
+    async fn requeue(&self, job: &ClaimedJob, resume: Resume) -> Result<EntryId>;
+
+    /// Withdraws a job that has not started (max queue wait passed, client gone): it will
+    /// never run. See the start-gate rule in the module docs.
+    async fn withdraw(&self, model: &str, id: Uuid, entry: &EntryId) -> Result<Withdrawal>;
+
+    /// Depth figures of `model`'s queue.
+    async fn depth(&self, model: &str) -> Result<QueueDepth>;
+
+    /// Deletes `model`'s jobs stream and heartbeats (model removed).
+    async fn purge_model(&self, model: &str) -> Result<()>;
+
+    // --- responses ---
+
+    /// Appends an event to request `id`'s response stream and renews its expiry.
+    async fn append_response(&self, id: Uuid, event: &ResponseEvent) -> Result<()>;
+
+    /// Reads up to `max` events with seq greater than `after_seq`, waiting up to `block` for
+    /// the first (zero: do not wait). Empty when none came in time.
+    async fn read_responses(
+        &self,
+        id: Uuid,
+        after_seq: u64,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<ResponseEvent>>;
+
+    /// Deletes request `id`'s response stream (the reader has delivered it).
+    async fn delete_responses(&self, id: Uuid) -> Result<()>;
+
+    // --- cancellation ---
+
+    /// Sets request `id`'s cancel flag.
+    async fn cancel(&self, id: Uuid) -> Result<()>;
+
+    /// Whether request `id`'s cancel flag is set.
+    async fn is_cancelled(&self, id: Uuid) -> Result<bool>;
+
+    // --- usage ---
+
+    /// Appends a usage event to the usage stream.
+    async fn publish_usage(&self, event: &UsageEvent) -> Result<EntryId>;
+
+    /// Reads up to `max` usage events for billing consumer `consumer`: first those it read
+    /// before and did not ack, else new ones (waiting up to `block`). At least once.
+    async fn read_usage(
+        &self,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<UsageDelivery>>;
+
+    /// Takes over usage events another billing consumer left unacked for `min_idle`.
+    async fn take_over_usage(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<UsageDelivery>>;
+
+    /// Acks recorded usage events (and removes them from the stream).
+    async fn ack_usage(&self, entries: &[EntryId]) -> Result<()>;
+
+    // --- workers ---
+
+    /// Writes a worker's heartbeat.
+    async fn heartbeat(&self, beat: &WorkerHeartbeat) -> Result<()>;
+
+    /// Heartbeats of `model`'s workers, by worker name.
+    async fn workers(&self, model: &str) -> Result<Vec<WorkerHeartbeat>>;
+
+    /// Removes heartbeats last seen before `now_ms - max_age`; returns the removed workers.
+    async fn expire_workers(
+        &self,
+        model: &str,
+        now_ms: u64,
+        max_age: Duration,
+    ) -> Result<Vec<String>>;
+
+    // --- models ---
+
+    /// Writes a model record.
+    async fn put_model(&self, record: &ModelRecord) -> Result<()>;
+
+    /// One model's record.
+    async fn model(&self, id: &str) -> Result<Option<ModelRecord>>;
+
+    /// All model records, by id.
+    async fn models(&self) -> Result<Vec<ModelRecord>>;
+
+    /// Removes a model record; whether it existed.
+    async fn remove_model(&self, id: &str) -> Result<bool>;
+}
+
+/// Whether heartbeat `beat` is stale at `now_ms` (pure; both brokers use it).
+pub fn is_stale(beat: &WorkerHeartbeat, now_ms: u64, max_age: Duration) -> bool {
+    now_ms.saturating_sub(beat.last_seen_ms) > max_age.as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::CapacityType;
+
+    #[test]
+    fn staleness_is_strictly_older_than_max_age() {
+        let beat = WorkerHeartbeat {
+            worker: "w".into(),
+            model: "m".into(),
+            running: 0,
+            waiting: 0,
+            free_kv_blocks: 0,
+            capacity_type: CapacityType::Spot,
+            draining: false,
+            last_seen_ms: 10_000,
+        };
+        let age = Duration::from_secs(5);
+        assert!(!is_stale(&beat, 10_000, age));
+        assert!(!is_stale(&beat, 15_000, age));
+        assert!(is_stale(&beat, 15_001, age));
+        // A heartbeat from a clock ahead of ours is fresh.
+        assert!(!is_stale(&beat, 9_000, age));
+    }
+}

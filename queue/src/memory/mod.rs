@@ -1,0 +1,550 @@
+//! `MemoryBroker`: the in-process broker of `tidal up` and unit tests. It mirrors the Redis
+//! protocol (streams with a consumer group, pending entries, takeover after a claim timeout,
+//! start gates, seq-fenced response streams, expiries) under one mutex, with time from an
+//! injected [`Clock`].
+
+mod stream;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::broker::{is_stale, Broker, BrokerConfig};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{QueueError, Result};
+use crate::metrics::{self as m, count};
+use crate::types::{
+    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, ResponseEvent, Resume, UsageDelivery,
+    UsageEvent, Withdrawal, WorkerHeartbeat,
+};
+use stream::{GroupStream, StreamId};
+
+/// Sweep expired gates, flags and response streams after this many enqueues.
+const SWEEP_EVERY: u64 = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Started,
+    Withdrawn,
+}
+
+#[derive(Debug)]
+struct RespStream {
+    events: Vec<ResponseEvent>,
+    expires_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Jobs streams by (model, resumed): re-enqueued jobs are claimed first.
+    jobs: HashMap<(String, bool), GroupStream<Job>>,
+    gates: HashMap<Uuid, (Gate, u64)>,
+    cancels: HashMap<Uuid, u64>,
+    responses: HashMap<Uuid, RespStream>,
+    usage: GroupStream<UsageEvent>,
+    workers: HashMap<String, BTreeMap<String, WorkerHeartbeat>>,
+    models: BTreeMap<String, ModelRecord>,
+    enqueues: u64,
+}
+
+impl State {
+    fn gate(&self, id: Uuid, now: u64) -> Option<Gate> {
+        self.gates
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(g, _)| *g)
+    }
+
+    fn cancelled(&self, id: Uuid, now: u64) -> bool {
+        self.cancels.get(&id).is_some_and(|exp| *exp > now)
+    }
+
+    fn responses(&mut self, id: Uuid, now: u64) -> Option<&mut RespStream> {
+        if self
+            .responses
+            .get(&id)
+            .is_some_and(|r| r.expires_at_ms <= now)
+        {
+            self.responses.remove(&id);
+        }
+        self.responses.get_mut(&id)
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.gates.retain(|_, (_, exp)| *exp > now);
+        self.cancels.retain(|_, exp| *exp > now);
+        self.responses.retain(|_, r| r.expires_at_ms > now);
+    }
+
+    /// The start gate (module docs of [`crate::broker`]): whether the delivered entry may
+    /// run; a dropped entry is acked and deleted.
+    fn pass_gate(&mut self, model: &str, id: StreamId, job: &Job, now: u64, ttl: u64) -> bool {
+        let pass = match self.gate(job.id, now) {
+            Some(Gate::Withdrawn) => false,
+            Some(Gate::Started) => true,
+            None => {
+                let expired = job.deadline_ms > 0 && now > job.deadline_ms;
+                !(expired || self.cancelled(job.id, now))
+            }
+        };
+        let gate = if pass { Gate::Started } else { Gate::Withdrawn };
+        self.gates.insert(job.id, (gate, now + ttl));
+        if !pass {
+            if let Some(s) = self.jobs.get_mut(&(model.to_owned(), job.resume.is_some())) {
+                s.ack(id);
+                s.delete(id);
+            }
+            count(m::WITHDRAWN, model, 1);
+        }
+        pass
+    }
+
+    /// Checks that `job`'s entry is pending for its consumer; returns its stream and id.
+    fn owned(&mut self, job: &ClaimedJob) -> Result<(&mut GroupStream<Job>, StreamId)> {
+        let not_owner = || QueueError::NotOwner {
+            model: job.job.model.clone(),
+            entry: job.entry_id.clone(),
+            consumer: job.consumer.clone(),
+        };
+        let id = StreamId::parse(&job.entry_id).ok_or_else(not_owner)?;
+        let key = (job.job.model.clone(), job.job.resume.is_some());
+        let s = self.jobs.get_mut(&key).ok_or_else(not_owner)?;
+        match s.pending(id) {
+            Some(p) if p.consumer == job.consumer => Ok((s, id)),
+            _ => Err(not_owner()),
+        }
+    }
+}
+
+/// The in-process broker.
+#[derive(Debug)]
+pub struct MemoryBroker {
+    config: BrokerConfig,
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        MemoryBroker::new(BrokerConfig::default(), Arc::new(SystemClock))
+    }
+}
+
+impl MemoryBroker {
+    /// A broker with `config`, reading time from `clock`.
+    pub fn new(config: BrokerConfig, clock: Arc<dyn Clock>) -> Self {
+        MemoryBroker {
+            config,
+            clock,
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way later
+        // calls trip over (each operation's writes are independent), so keep serving.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn ttl_ms(d: Duration) -> u64 {
+        d.as_millis() as u64
+    }
+
+    /// Runs `attempt` until it yields something non-empty or `block` elapses; woken by
+    /// every state change (Redis's blocking XREAD, without a missed-wakeup window).
+    async fn blocking<T>(
+        &self,
+        block: Duration,
+        mut attempt: impl FnMut() -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let until = Instant::now() + block;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = attempt()?;
+            if !got.is_empty() || Instant::now() >= until {
+                return Ok(got);
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return attempt();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Broker for MemoryBroker {
+    async fn enqueue(&self, job: &Job) -> Result<EntryId> {
+        let now = self.now();
+        let id = {
+            let mut st = self.lock();
+            st.enqueues += 1;
+            if st.enqueues.is_multiple_of(SWEEP_EVERY) {
+                st.sweep(now);
+            }
+            st.jobs
+                .entry((job.model.clone(), job.resume.is_some()))
+                .or_default()
+                .add(now, job.clone())
+        };
+        count(m::ENQUEUED, &job.model, 1);
+        self.changed.notify_waiters();
+        Ok(id.to_string())
+    }
+
+    async fn claim(
+        &self,
+        model: &str,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<ClaimedJob>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let ttl = Self::ttl_ms(self.config.request_ttl);
+        let got = self
+            .blocking(block, || {
+                let now = self.now();
+                let mut st = self.lock();
+                // Resumed jobs first, as vLLM puts preempted sequences back at the head of
+                // its waiting queue.
+                let mut delivered = Vec::new();
+                for resumed in [true, false] {
+                    if let Some(s) = st.jobs.get_mut(&(model.to_owned(), resumed)) {
+                        delivered.extend(s.read_new(consumer, max - delivered.len(), now));
+                    }
+                }
+                let mut out = Vec::new();
+                for (id, job) in delivered {
+                    if st.pass_gate(model, id, &job, now, ttl) {
+                        out.push(ClaimedJob {
+                            job,
+                            entry_id: id.to_string(),
+                            consumer: consumer.to_owned(),
+                            attempt: 1,
+                        });
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+        count(m::CLAIMED, model, got.len() as u64);
+        Ok(got)
+    }
+
+    async fn take_over(
+        &self,
+        model: &str,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>> {
+        let now = self.now();
+        let ttl = Self::ttl_ms(self.config.request_ttl);
+        let mut st = self.lock();
+        let mut taken = Vec::new();
+        for resumed in [true, false] {
+            if let Some(s) = st.jobs.get_mut(&(model.to_owned(), resumed)) {
+                let room = max - taken.len();
+                taken.extend(s.auto_claim(consumer, Self::ttl_ms(min_idle), room, now));
+            }
+        }
+        let mut out = Vec::new();
+        for (id, job, attempt) in taken {
+            if st.pass_gate(model, id, &job, now, ttl) {
+                out.push(ClaimedJob {
+                    job,
+                    entry_id: id.to_string(),
+                    consumer: consumer.to_owned(),
+                    attempt,
+                });
+            }
+        }
+        count(m::TAKEN_OVER, model, out.len() as u64);
+        Ok(out)
+    }
+
+    async fn ack(&self, job: &ClaimedJob) -> Result<()> {
+        let now = self.now();
+        {
+            let mut st = self.lock();
+            let (s, id) = st.owned(job)?;
+            s.ack(id);
+            s.delete(id);
+            // Finished: the gate only has to outlive late withdraws now.
+            let exp = now + Self::ttl_ms(self.config.response_ttl);
+            if let Some(g) = st.gates.get_mut(&job.job.id) {
+                g.1 = g.1.min(exp);
+            }
+        }
+        count(m::ACKED, &job.job.model, 1);
+        Ok(())
+    }
+
+    async fn requeue(&self, job: &ClaimedJob, mut resume: Resume) -> Result<EntryId> {
+        resume.segments = job.segment() + 1;
+        let now = self.now();
+        let id = {
+            let mut st = self.lock();
+            let (s, old) = st.owned(job)?;
+            s.ack(old);
+            s.delete(old);
+            let mut next = job.job.clone();
+            next.resume = Some(resume);
+            st.jobs
+                .entry((job.job.model.clone(), true))
+                .or_default()
+                .add(now, next)
+        };
+        count(m::REENQUEUED, &job.job.model, 1);
+        self.changed.notify_waiters();
+        Ok(id.to_string())
+    }
+
+    async fn withdraw(&self, model: &str, id: Uuid, entry: &EntryId) -> Result<Withdrawal> {
+        let now = self.now();
+        let ttl = Self::ttl_ms(self.config.request_ttl);
+        let mut st = self.lock();
+        if st.gate(id, now) == Some(Gate::Started) {
+            return Ok(Withdrawal::AlreadyStarted);
+        }
+        let first = st.gate(id, now).is_none();
+        st.gates.insert(id, (Gate::Withdrawn, now + ttl));
+        let fresh = st.jobs.get_mut(&(model.to_owned(), false));
+        if let (Some(s), Some(eid)) = (fresh, StreamId::parse(entry)) {
+            s.ack(eid);
+            s.delete(eid);
+        }
+        if first {
+            count(m::WITHDRAWN, model, 1);
+        }
+        Ok(Withdrawal::Withdrawn)
+    }
+
+    async fn depth(&self, model: &str) -> Result<QueueDepth> {
+        let now = self.now();
+        let st = self.lock();
+        let mut total = QueueDepth::default();
+        for resumed in [false, true] {
+            if let Some(s) = st.jobs.get(&(model.to_owned(), resumed)) {
+                let (backlog, oldest) = s.backlog();
+                total.backlog += backlog;
+                total.in_flight += s.pending_len();
+                let wait = oldest.map(|id| now.saturating_sub(id.ms));
+                total.oldest_wait_ms = total.oldest_wait_ms.max(wait);
+            }
+        }
+        Ok(total)
+    }
+
+    async fn purge_model(&self, model: &str) -> Result<()> {
+        let mut st = self.lock();
+        st.jobs.remove(&(model.to_owned(), false));
+        st.jobs.remove(&(model.to_owned(), true));
+        st.workers.remove(model);
+        Ok(())
+    }
+
+    async fn append_response(&self, id: Uuid, event: &ResponseEvent) -> Result<()> {
+        let now = self.now();
+        let expires_at_ms = now + Self::ttl_ms(self.config.response_ttl);
+        {
+            let mut st = self.lock();
+            let last = match st.responses(id, now) {
+                Some(r) => r.events.last().cloned(),
+                None => None,
+            };
+            let last_seq = last.as_ref().map_or(0, ResponseEvent::seq);
+            if last.as_ref().is_some_and(ResponseEvent::is_terminal) {
+                return Err(QueueError::ResponseFinished { id });
+            }
+            if event.seq() != last_seq + 1 {
+                return Err(QueueError::SeqConflict {
+                    id,
+                    seq: event.seq(),
+                    last: last_seq,
+                });
+            }
+            let r = st.responses.entry(id).or_insert_with(|| RespStream {
+                events: Vec::new(),
+                expires_at_ms,
+            });
+            r.events.push(event.clone());
+            r.expires_at_ms = expires_at_ms;
+        }
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn read_responses(
+        &self,
+        id: Uuid,
+        after_seq: u64,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<ResponseEvent>> {
+        self.blocking(block, || {
+            let now = self.now();
+            let mut st = self.lock();
+            Ok(match st.responses(id, now) {
+                Some(r) => r
+                    .events
+                    .iter()
+                    .filter(|e| e.seq() > after_seq)
+                    .take(max.max(1))
+                    .cloned()
+                    .collect(),
+                None => Vec::new(),
+            })
+        })
+        .await
+    }
+
+    async fn delete_responses(&self, id: Uuid) -> Result<()> {
+        self.lock().responses.remove(&id);
+        Ok(())
+    }
+
+    async fn cancel(&self, id: Uuid) -> Result<()> {
+        let exp = self.now() + Self::ttl_ms(self.config.request_ttl);
+        self.lock().cancels.insert(id, exp);
+        Ok(())
+    }
+
+    async fn is_cancelled(&self, id: Uuid) -> Result<bool> {
+        let now = self.now();
+        Ok(self.lock().cancelled(id, now))
+    }
+
+    async fn publish_usage(&self, event: &UsageEvent) -> Result<EntryId> {
+        let now = self.now();
+        let id = self.lock().usage.add(now, event.clone());
+        self.changed.notify_waiters();
+        Ok(id.to_string())
+    }
+
+    async fn read_usage(
+        &self,
+        consumer: &str,
+        max: usize,
+        block: Duration,
+    ) -> Result<Vec<UsageDelivery>> {
+        let wrap = |v: Vec<(StreamId, UsageEvent)>| {
+            v.into_iter()
+                .map(|(id, event)| UsageDelivery {
+                    entry_id: id.to_string(),
+                    event,
+                })
+                .collect::<Vec<_>>()
+        };
+        let own = self.lock().usage.own_pending(consumer, max);
+        if !own.is_empty() {
+            return Ok(wrap(own));
+        }
+        self.blocking(block, || {
+            let now = self.now();
+            Ok(wrap(self.lock().usage.read_new(consumer, max, now)))
+        })
+        .await
+    }
+
+    async fn take_over_usage(
+        &self,
+        consumer: &str,
+        min_idle: Duration,
+        max: usize,
+    ) -> Result<Vec<UsageDelivery>> {
+        let now = self.now();
+        let taken = self
+            .lock()
+            .usage
+            .auto_claim(consumer, Self::ttl_ms(min_idle), max, now);
+        Ok(taken
+            .into_iter()
+            .map(|(id, event, _)| UsageDelivery {
+                entry_id: id.to_string(),
+                event,
+            })
+            .collect())
+    }
+
+    async fn ack_usage(&self, entries: &[EntryId]) -> Result<()> {
+        let mut st = self.lock();
+        for e in entries {
+            if let Some(id) = StreamId::parse(e) {
+                st.usage.ack(id);
+                st.usage.delete(id);
+            }
+        }
+        Ok(())
+    }
+
+    async fn heartbeat(&self, beat: &WorkerHeartbeat) -> Result<()> {
+        self.lock()
+            .workers
+            .entry(beat.model.clone())
+            .or_default()
+            .insert(beat.worker.clone(), beat.clone());
+        Ok(())
+    }
+
+    async fn workers(&self, model: &str) -> Result<Vec<WorkerHeartbeat>> {
+        Ok(self
+            .lock()
+            .workers
+            .get(model)
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn expire_workers(
+        &self,
+        model: &str,
+        now_ms: u64,
+        max_age: Duration,
+    ) -> Result<Vec<String>> {
+        let mut st = self.lock();
+        let Some(w) = st.workers.get_mut(model) else {
+            return Ok(Vec::new());
+        };
+        let stale: Vec<String> = w
+            .values()
+            .filter(|b| is_stale(b, now_ms, max_age))
+            .map(|b| b.worker.clone())
+            .collect();
+        for name in &stale {
+            w.remove(name);
+        }
+        Ok(stale)
+    }
+
+    async fn put_model(&self, record: &ModelRecord) -> Result<()> {
+        self.lock().models.insert(record.id.clone(), record.clone());
+        Ok(())
+    }
+
+    async fn model(&self, id: &str) -> Result<Option<ModelRecord>> {
+        Ok(self.lock().models.get(id).cloned())
+    }
+
+    async fn models(&self) -> Result<Vec<ModelRecord>> {
+        Ok(self.lock().models.values().cloned().collect())
+    }
+
+    async fn remove_model(&self, id: &str) -> Result<bool> {
+        Ok(self.lock().models.remove(id).is_some())
+    }
+}

@@ -1,0 +1,138 @@
+//! Lua scripts that make the multi-key steps of the protocol atomic on the Redis server
+//! (one script runs to completion before any other command).
+
+use redis::Script;
+
+/// Start gate, run on every delivered job (claim or takeover).
+/// KEYS: state, jobs, cancel. ARGV: entry, deadline_ms, ttl_ms.
+/// Returns `{1, times_delivered}` when the job may run; `{0, 0}` when it was dropped
+/// (withdrawn, cancelled or past its deadline before it started), acked and deleted.
+const GATE: &str = r#"
+local function drop()
+  redis.call('SET', KEYS[1], 'withdrawn', 'PX', ARGV[3])
+  redis.call('XACK', KEYS[2], 'workers', ARGV[1])
+  redis.call('XDEL', KEYS[2], ARGV[1])
+end
+local s = redis.call('GET', KEYS[1])
+if s == 'withdrawn' then drop() return {0, 0} end
+if s ~= 'started' then
+  local dl = tonumber(ARGV[2])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if (dl > 0 and now > dl) or redis.call('EXISTS', KEYS[3]) == 1 then drop() return {0, 0} end
+end
+redis.call('SET', KEYS[1], 'started', 'PX', ARGV[3])
+local p = redis.pcall('XPENDING', KEYS[2], 'workers', ARGV[1], ARGV[1], 1)
+local n = 1
+if type(p) == 'table' and not p.err and #p > 0 then n = p[1][4] end
+return {1, n}
+"#;
+
+/// Withdraw. KEYS: state, jobs. ARGV: entry, ttl_ms.
+/// Returns 0: already started; 1: withdrawn now; 2: was already withdrawn.
+const WITHDRAW: &str = r#"
+if redis.call('GET', KEYS[1]) == 'started' then return 0 end
+local before = redis.call('SET', KEYS[1], 'withdrawn', 'PX', ARGV[2], 'GET')
+redis.call('XACK', KEYS[2], 'workers', ARGV[1])
+redis.call('XDEL', KEYS[2], ARGV[1])
+if before then return 2 end
+return 1
+"#;
+
+/// Shared prefix of ACK and REQUEUE: is ARGV[1] pending for consumer ARGV[2]?
+const OWNED: &str = r#"
+local p = redis.pcall('XPENDING', KEYS[1], 'workers', ARGV[1], ARGV[1], 1)
+if type(p) ~= 'table' or p.err or #p == 0 or p[1][2] ~= ARGV[2] then return 0 end
+"#;
+
+/// Ack. KEYS: the entry's stream, state. ARGV: entry, consumer, finished-gate ttl_ms.
+/// Returns 1, or 0 when not the owner. The gate of a finished job only has to outlive late
+/// withdraws, so its expiry is shortened.
+const ACK: &str = r#"
+redis.call('XACK', KEYS[1], 'workers', ARGV[1])
+redis.call('XDEL', KEYS[1], ARGV[1])
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
+return 1
+"#;
+
+/// Re-enqueue. KEYS: the entry's stream, the model's resumed stream.
+/// ARGV: entry, consumer, field, value, ... Returns the new entry id, or 0 when not the owner.
+const REQUEUE: &str = r#"
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('XACK', KEYS[1], 'workers', ARGV[1])
+redis.call('XDEL', KEYS[1], ARGV[1])
+return id
+"#;
+
+/// Append a response event. KEYS: resp. ARGV: seq, terminal (0/1), event JSON, ttl_ms.
+/// Entry ids are `0-<seq>`. Returns `{0, seq}` on success, `{1, last}` when seq is not
+/// last + 1, `{2, last}` when the stream already ended.
+const APPEND: &str = r#"
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local lastseq = 0
+if #last > 0 then
+  lastseq = tonumber(string.match(last[1][1], '-(%d+)$'))
+  local f = last[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 'fin' and f[i + 1] == '1' then return {2, lastseq} end
+  end
+end
+if tonumber(ARGV[1]) ~= lastseq + 1 then return {1, lastseq} end
+redis.call('XADD', KEYS[1], '0-' .. ARGV[1], 'fin', ARGV[2], 'ev', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {0, lastseq + 1}
+"#;
+
+/// Depth figures. KEYS: jobs. Returns `{backlog, pending, oldest_wait_ms or -1}`, measured
+/// with the server's clock (which also stamped the entry ids).
+const DEPTH: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, -1} end
+local last = '0-0'
+local pending = 0
+local lag = false
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local m = {}
+  for i = 1, #g, 2 do m[g[i]] = g[i + 1] end
+  if m['name'] == 'workers' then
+    last = m['last-delivered-id']
+    pending = m['pending']
+    lag = m['lag']
+  end
+end
+local first = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)
+if #first == 0 then return {0, pending, -1} end
+local backlog = lag
+if not backlog then
+  backlog = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1000000)
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wait = now - tonumber(string.match(first[1][1], '^(%d+)-'))
+if wait < 0 then wait = 0 end
+return {backlog, pending, wait}
+"#;
+
+/// The loaded scripts (EVALSHA, reloaded transparently after a server restart).
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub gate: Script,
+    pub withdraw: Script,
+    pub ack: Script,
+    pub requeue: Script,
+    pub append: Script,
+    pub depth: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        Scripts {
+            gate: Script::new(GATE),
+            withdraw: Script::new(WITHDRAW),
+            ack: Script::new(&format!("{OWNED}{ACK}")),
+            requeue: Script::new(&format!("{OWNED}{REQUEUE}")),
+            append: Script::new(APPEND),
+            depth: Script::new(DEPTH),
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The typed records of the broker protocol (design.md, "Broker protocol").
+//!
+//! Times are milliseconds since the Unix epoch; money is integer micro-units.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Id of a stream entry (`<ms>-<seq>`), as Redis Streams spell it.
+pub type EntryId = String;
+
+/// A request waiting in (or claimed from) a model's jobs stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Request id (UUIDv7); also names the response stream.
+    pub id: Uuid,
+    /// Tenant that pays for it.
+    pub tenant: String,
+    /// Model id (`namespace/name` on Kubernetes).
+    pub model: String,
+    /// Normalised request JSON (messages or prompt, sampling params, max_tokens, stop, seed).
+    pub body: serde_json::Value,
+    /// When the gateway accepted it.
+    pub enqueued_at_ms: u64,
+    /// After this instant a job that has not started is never executed (0: no deadline).
+    pub deadline_ms: u64,
+    /// Set on a job re-enqueued by a draining worker.
+    pub resume: Option<Resume>,
+}
+
+/// What was already delivered to the client of a resumed job.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// Completion token ids delivered so far, in order (the resumer re-prefills them).
+    pub token_ids: Vec<u32>,
+    /// Bytes of completion text delivered so far.
+    pub text_len: u64,
+    /// Seq of the last response event written; the resumer writes `last_seq + 1` next.
+    pub last_seq: u64,
+    /// Segments already run; the next segment's usage event carries this number.
+    pub segments: u32,
+}
+
+impl Resume {
+    /// Rebuilds the delivered state from a response stream read from its start (used by a
+    /// worker that takes over a dead consumer's job, which left no resume record).
+    /// `segments` is left 0; [`ClaimedJob::segment`] accounts for takeovers.
+    pub fn from_events(events: &[ResponseEvent]) -> Self {
+        let mut r = Resume::default();
+        for ev in events {
+            if let ResponseEvent::Delta {
+                text, token_ids, ..
+            } = ev
+            {
+                r.token_ids.extend_from_slice(token_ids);
+                r.text_len += text.len() as u64;
+            }
+            r.last_seq = r.last_seq.max(ev.seq());
+        }
+        r
+    }
+}
+
+/// A job handed to a consumer: the job, where it sits, and how often it was handed out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedJob {
+    /// The job.
+    pub job: Job,
+    /// Its entry in the model's jobs stream (needed to ack or re-enqueue it).
+    pub entry_id: EntryId,
+    /// The consumer that holds it now.
+    pub consumer: String,
+    /// How many times this entry was delivered (1 on a first claim, more after takeovers).
+    pub attempt: u32,
+}
+
+impl ClaimedJob {
+    /// The segment number this holder's usage event must carry: segments of earlier entries
+    /// (from `resume`) plus one per earlier delivery of this entry (dead consumers).
+    pub fn segment(&self) -> u32 {
+        let base = self.job.resume.as_ref().map_or(0, |r| r.segments);
+        base + self.attempt.saturating_sub(1)
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop sequence or the end-of-sequence token.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+}
+
+/// Token counts of a whole request as the client sees them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: u64,
+    /// Completion tokens delivered.
+    pub completion_tokens: u64,
+}
+
+/// One event of a request's response stream. Every event carries its seq (1, 2, ...),
+/// so a reader that reconnects with its last seq never sees an event twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseEvent {
+    /// Newly generated text.
+    Delta {
+        /// Position in the stream.
+        seq: u64,
+        /// Decoded text of these tokens.
+        text: String,
+        /// The token ids.
+        token_ids: Vec<u32>,
+    },
+    /// Generation finished; the last event of the stream.
+    Done {
+        /// Position in the stream.
+        seq: u64,
+        /// Why it finished.
+        finish_reason: FinishReason,
+        /// Totals over all segments.
+        usage: Usage,
+    },
+    /// Generation failed; the last event of the stream.
+    Error {
+        /// Position in the stream.
+        seq: u64,
+        /// Machine-readable code (OpenAI style, e.g. `context_length_exceeded`).
+        code: String,
+        /// Human-readable message.
+        message: String,
+    },
+}
+
+impl ResponseEvent {
+    /// The event's position in its stream.
+    pub fn seq(&self) -> u64 {
+        match self {
+            ResponseEvent::Delta { seq, .. }
+            | ResponseEvent::Done { seq, .. }
+            | ResponseEvent::Error { seq, .. } => *seq,
+        }
+    }
+
+    /// Whether nothing may follow this event.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, ResponseEvent::Delta { .. })
+    }
+}
+
+/// Kind of capacity a worker runs on (billing reports cost by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacityType {
+    /// Spot / preemptible nodes.
+    Spot,
+    /// On-demand nodes.
+    OnDemand,
+}
+
+/// Metering record of one segment (a stretch of generation by one worker).
+/// `(request_id, segment)` is its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageEvent {
+    /// The request.
+    pub request_id: Uuid,
+    /// Segment number ([`ClaimedJob::segment`]).
+    pub segment: u32,
+    /// Tenant billed.
+    pub tenant: String,
+    /// Model used.
+    pub model: String,
+    /// Prompt tokens billed in this segment (the first segment bills the prompt; resumes 0).
+    pub prompt_tokens: u64,
+    /// Of those, served from the prefix cache.
+    pub cached_prompt_tokens: u64,
+    /// Completion tokens delivered in this segment.
+    pub completion_tokens: u64,
+    /// Worker that ran the segment.
+    pub worker: String,
+    /// Capacity it ran on.
+    pub capacity_type: CapacityType,
+    /// Segment start.
+    pub started_at_ms: u64,
+    /// Segment end.
+    pub ended_at_ms: u64,
+}
+
+/// A usage event read by a billing consumer, with the entry to ack once it is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageDelivery {
+    /// Entry id in the usage stream.
+    pub entry_id: EntryId,
+    /// The event.
+    pub event: UsageEvent,
+}
+
+/// A worker's load report (`{prefix}workers:{model}` hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerHeartbeat {
+    /// Worker name (pod name, or `local-N`).
+    pub worker: String,
+    /// Model it serves.
+    pub model: String,
+    /// Sequences running.
+    pub running: u32,
+    /// Sequences admitted but waiting for KV blocks.
+    pub waiting: u32,
+    /// Free KV-cache blocks.
+    pub free_kv_blocks: u32,
+    /// Capacity it runs on.
+    pub capacity_type: CapacityType,
+    /// Whether it is draining (SIGTERM received, claims nothing new).
+    pub draining: bool,
+    /// When it reported (its clock).
+    pub last_seen_ms: u64,
+}
+
+/// Serving state of a model, as `/v1/models` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelState {
+    /// No workers; the first request starts one.
+    ScaledToZero,
+    /// Workers requested, none ready yet.
+    Starting,
+    /// At least one worker serving.
+    Ready,
+}
+
+/// Prices per million tokens, in integer micro-units of `currency`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prices {
+    /// ISO 4217 code, e.g. `USD`.
+    pub currency: String,
+    /// Per million prompt tokens.
+    pub input_per_mtok_micros: u64,
+    /// Per million prompt tokens served from the prefix cache.
+    pub cached_input_per_mtok_micros: u64,
+    /// Per million completion tokens.
+    pub output_per_mtok_micros: u64,
+}
+
+/// A model's public record in the `{prefix}models` hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRecord {
+    /// Model id.
+    pub id: String,
+    /// Serving state.
+    pub state: ModelState,
+    /// Prices.
+    pub prices: Prices,
+    /// Longest a request may wait for a worker (cold start included) before a 503.
+    pub max_queue_wait_ms: u64,
+    /// Most jobs waiting before the gateway answers 503.
+    pub backlog_cap: u64,
+    /// Context length in tokens.
+    pub context_length: u32,
+}
+
+/// Depth figures of one model's queue, the autoscaler's input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueDepth {
+    /// Jobs enqueued and not yet claimed by any worker.
+    pub backlog: u64,
+    /// Jobs claimed and not yet acked (pending entries).
+    pub in_flight: u64,
+    /// How long the oldest unclaimed job has waited (`None` when the backlog is empty).
+    pub oldest_wait_ms: Option<u64>,
+}
+
+/// Outcome of withdrawing a queued job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// The job will never run.
+    Withdrawn,
+    /// A worker started it first; cancel it instead.
+    AlreadyStarted,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delta(seq: u64, text: &str, ids: &[u32]) -> ResponseEvent {
+        ResponseEvent::Delta {
+            seq,
+            text: text.into(),
+            token_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn resume_from_events_concatenates_deltas() {
+        let evs = [delta(1, "Hel", &[5, 6]), delta(2, "lo", &[7])];
+        let r = Resume::from_events(&evs);
+        assert_eq!(r.token_ids, vec![5, 6, 7]);
+        assert_eq!(r.text_len, 5);
+        assert_eq!(r.last_seq, 2);
+        assert_eq!(r.segments, 0);
+    }
+
+    #[test]
+    fn resume_from_no_events_is_empty() {
+        assert_eq!(Resume::from_events(&[]), Resume::default());
+    }
+
+    #[test]
+    fn segment_counts_resumes_and_takeovers() {
+        let job = Job {
+            id: Uuid::now_v7(),
+            tenant: "t".into(),
+            model: "m".into(),
+            body: serde_json::json!({}),
+            enqueued_at_ms: 0,
+            deadline_ms: 0,
+            resume: None,
+        };
+        let mut c = ClaimedJob {
+            job,
+            entry_id: "1-0".into(),
+            consumer: "w".into(),
+            attempt: 1,
+        };
+        assert_eq!(c.segment(), 0);
+        c.attempt = 3;
+        assert_eq!(c.segment(), 2);
+        c.job.resume = Some(Resume {
+            segments: 2,
+            ..Resume::default()
+        });
+        c.attempt = 1;
+        assert_eq!(c.segment(), 2);
+        c.attempt = 2;
+        assert_eq!(c.segment(), 3);
+    }
+
+    #[test]
+    fn response_event_json_is_tagged() {
+        let ev = ResponseEvent::Done {
+            seq: 4,
+            finish_reason: FinishReason::Length,
+            usage: Usage {
+                prompt_tokens: 3,
+                cached_prompt_tokens: 1,
+                completion_tokens: 2,
+            },
+        };
+        let s = serde_json::to_string(&ev).unwrap();
+        assert!(s.contains(r#""type":"done""#), "{s}");
+        assert!(s.contains(r#""finish_reason":"length""#), "{s}");
+        assert_eq!(serde_json::from_str::<ResponseEvent>(&s).unwrap(), ev);
+        assert!(ev.is_terminal());
+        assert!(!delta(1, "", &[]).is_terminal());
+        assert_eq!(ev.seq(), 4);
+    }
+}

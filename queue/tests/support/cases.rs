@@ -1,0 +1,721 @@
+//! The conformance cases both brokers must pass. Each takes a fresh harness.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidal_queue::{
+    Broker, CapacityType, ClaimedJob, FinishReason, Job, ModelRecord, ModelState, Prices,
+    QueueError, ResponseEvent, Resume, Usage, UsageEvent, Withdrawal, WorkerHeartbeat,
+};
+use uuid::Uuid;
+
+use super::harness::{Harness, RESPONSE_TTL};
+
+const NO_WAIT: Duration = Duration::ZERO;
+const CLAIM_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn model() -> String {
+    format!("ns/m-{}", Uuid::now_v7())
+}
+
+fn job(h: &dyn Harness, model: &str) -> Job {
+    let now = h.now_ms();
+    Job {
+        id: Uuid::now_v7(),
+        tenant: "acme".into(),
+        model: model.into(),
+        body: serde_json::json!({"prompt": "hello", "max_tokens": 8, "seed": 1}),
+        enqueued_at_ms: now,
+        deadline_ms: now + 60_000,
+        resume: None,
+    }
+}
+
+fn delta(seq: u64, text: &str, ids: &[u32]) -> ResponseEvent {
+    ResponseEvent::Delta {
+        seq,
+        text: text.into(),
+        token_ids: ids.to_vec(),
+    }
+}
+
+fn done(seq: u64) -> ResponseEvent {
+    ResponseEvent::Done {
+        seq,
+        finish_reason: FinishReason::Stop,
+        usage: Usage {
+            prompt_tokens: 3,
+            cached_prompt_tokens: 0,
+            completion_tokens: 2,
+        },
+    }
+}
+
+fn usage(segment: u32) -> UsageEvent {
+    UsageEvent {
+        request_id: Uuid::now_v7(),
+        segment,
+        tenant: "acme".into(),
+        model: "m".into(),
+        prompt_tokens: 10,
+        cached_prompt_tokens: 4,
+        completion_tokens: 7,
+        worker: "w1".into(),
+        capacity_type: CapacityType::Spot,
+        started_at_ms: 1,
+        ended_at_ms: 2,
+    }
+}
+
+fn seqs(evs: &[ResponseEvent]) -> Vec<u64> {
+    evs.iter().map(ResponseEvent::seq).collect()
+}
+
+async fn enqueue_all(b: &dyn Broker, jobs: &[Job]) -> Vec<String> {
+    let mut ids = Vec::new();
+    for j in jobs {
+        ids.push(b.enqueue(j).await.unwrap());
+    }
+    ids
+}
+
+/// A claimed job is the enqueued one, pending until acked; a second ack is refused.
+pub async fn enqueue_claim_ack(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    let entry = b.enqueue(&j).await.unwrap();
+    let got = b.claim(&m, "w1", 4, NO_WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    let c = &got[0];
+    assert_eq!(c.job, j);
+    assert_eq!(c.entry_id, entry);
+    assert_eq!((c.consumer.as_str(), c.attempt, c.segment()), ("w1", 1, 0));
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight, d.oldest_wait_ms), (0, 1, None));
+    b.ack(c).await.unwrap();
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (0, 0));
+    assert!(b.claim(&m, "w1", 4, NO_WAIT).await.unwrap().is_empty());
+    assert!(matches!(b.ack(c).await, Err(QueueError::NotOwner { .. })));
+}
+
+/// Claims return at most N jobs, oldest first.
+pub async fn claims_are_bounded_and_fifo(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let jobs: Vec<Job> = (0..5).map(|_| job(h, &m)).collect();
+    enqueue_all(&*b, &jobs).await;
+    let first = b.claim(&m, "w1", 2, NO_WAIT).await.unwrap();
+    let rest = b.claim(&m, "w1", 10, NO_WAIT).await.unwrap();
+    assert_eq!((first.len(), rest.len()), (2, 3));
+    let order: Vec<Uuid> = first.iter().chain(&rest).map(|c| c.job.id).collect();
+    let want: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+    assert_eq!(order, want);
+    assert!(b.claim(&m, "w1", 0, NO_WAIT).await.unwrap().is_empty());
+}
+
+/// A blocking claim returns as soon as a job arrives, and empty after its timeout.
+pub async fn claim_blocks_until_a_job_arrives(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let t = Instant::now();
+    assert!(b
+        .claim(&m, "w1", 1, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(t.elapsed() >= Duration::from_millis(150));
+
+    let j = job(h, &m);
+    let b2 = b.clone();
+    let m2 = m.clone();
+    let waiter = tokio::spawn(async move { b2.claim(&m2, "w1", 1, Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    b.enqueue(&j).await.unwrap();
+    let got = waiter.await.unwrap().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job.id, j.id);
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
+
+/// Concurrent consumers split the jobs: every job once, none twice.
+pub async fn consumers_never_share_a_job(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let jobs: Vec<Job> = (0..40).map(|_| job(h, &m)).collect();
+    enqueue_all(&*b, &jobs).await;
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let b = b.clone();
+        let m = m.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let got = b.claim(&m, &format!("w{w}"), 3, NO_WAIT).await.unwrap();
+                if got.is_empty() {
+                    return mine;
+                }
+                for c in got {
+                    mine.push(c.job.id);
+                    b.ack(&c).await.unwrap();
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    assert_eq!(all.len(), 40);
+    let unique: HashSet<Uuid> = all.into_iter().collect();
+    let want: HashSet<Uuid> = jobs.iter().map(|j| j.id).collect();
+    assert_eq!(unique, want);
+}
+
+/// A dead consumer's job is taken over after the claim timeout, not before; the presumed
+/// dead consumer can then neither ack nor re-enqueue it.
+pub async fn take_over_after_claim_timeout(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    b.enqueue(&j).await.unwrap();
+    let dead = b.claim(&m, "dead", 1, NO_WAIT).await.unwrap().remove(0);
+    assert!(b
+        .take_over(&m, "live", CLAIM_TIMEOUT, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let taken = b.take_over(&m, "live", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let t = &taken[0];
+    assert_eq!(t.job, j);
+    assert_eq!(t.entry_id, dead.entry_id);
+    assert_eq!(
+        (t.consumer.as_str(), t.attempt, t.segment()),
+        ("live", 2, 1)
+    );
+    // Just taken over: not idle, nobody else gets it.
+    assert!(b
+        .take_over(&m, "third", CLAIM_TIMEOUT, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        b.ack(&dead).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    assert!(matches!(
+        b.requeue(&dead, Resume::default()).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 1);
+    b.ack(t).await.unwrap();
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
+}
+
+/// A draining worker re-enqueues with resume state; the next worker continues the same
+/// response stream at the right seq, and the old holder is fenced off.
+pub async fn requeue_resumes_the_stream(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    b.enqueue(&j).await.unwrap();
+    let first = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    b.append_response(j.id, &delta(1, "Hel", &[10, 11]))
+        .await
+        .unwrap();
+    b.append_response(j.id, &delta(2, "lo", &[12]))
+        .await
+        .unwrap();
+    let written = b.read_responses(j.id, 0, 100, NO_WAIT).await.unwrap();
+    let resume = Resume::from_events(&written);
+    b.requeue(&first, resume.clone()).await.unwrap();
+    assert!(matches!(
+        b.ack(&first).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (1, 0));
+
+    let second = b.claim(&m, "w2", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(second.job.id, j.id);
+    let r = second.job.resume.clone().unwrap();
+    assert_eq!(r.token_ids, vec![10, 11, 12]);
+    assert_eq!((r.text_len, r.last_seq, r.segments), (5, 2, 1));
+    assert_eq!(second.segment(), 1);
+    // The old holder replaying seq 2 is refused; the resumer continues at 3.
+    assert!(matches!(
+        b.append_response(j.id, &delta(2, "lo", &[12])).await,
+        Err(QueueError::SeqConflict {
+            seq: 2,
+            last: 2,
+            ..
+        })
+    ));
+    b.append_response(j.id, &delta(r.last_seq + 1, "!", &[13]))
+        .await
+        .unwrap();
+    b.append_response(j.id, &done(4)).await.unwrap();
+    let all = b.read_responses(j.id, 0, 100, NO_WAIT).await.unwrap();
+    assert_eq!(seqs(&all), vec![1, 2, 3, 4]);
+    assert!(matches!(
+        b.append_response(j.id, &delta(5, "x", &[1])).await,
+        Err(QueueError::ResponseFinished { .. })
+    ));
+    // A second re-enqueue counts segments on.
+    let third_entry = b.requeue(&second, r).await.unwrap();
+    let third = b.claim(&m, "w3", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(third.entry_id, third_entry);
+    assert_eq!(third.segment(), 2);
+    b.ack(&third).await.unwrap();
+}
+
+/// Reading after seq S returns only later events, in order, each once; gaps and replays are
+/// refused; a blocked reader wakes on the next append.
+pub async fn read_after_seq_never_duplicates(h: &dyn Harness) {
+    let b = h.broker();
+    let id = Uuid::now_v7();
+    assert!(b
+        .read_responses(id, 0, 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+    for s in 1..=5 {
+        b.append_response(id, &delta(s, "t", &[s as u32]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        seqs(&b.read_responses(id, 0, 2, NO_WAIT).await.unwrap()),
+        vec![1, 2]
+    );
+    assert_eq!(
+        seqs(&b.read_responses(id, 2, 10, NO_WAIT).await.unwrap()),
+        vec![3, 4, 5]
+    );
+    assert!(b
+        .read_responses(id, 5, 10, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .is_empty());
+    for bad in [3, 5, 7] {
+        assert!(matches!(
+            b.append_response(id, &delta(bad, "t", &[])).await,
+            Err(QueueError::SeqConflict { last: 5, .. })
+        ));
+    }
+    let b2 = b.clone();
+    let reader =
+        tokio::spawn(async move { b2.read_responses(id, 5, 10, Duration::from_secs(5)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    b.append_response(id, &done(6)).await.unwrap();
+    let got = reader.await.unwrap().unwrap();
+    assert_eq!(got, vec![done(6)]);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    b.delete_responses(id).await.unwrap();
+    assert!(b
+        .read_responses(id, 0, 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A response stream expires once its TTL passes without appends.
+pub async fn response_streams_expire(h: &dyn Harness) {
+    let b = h.broker();
+    let id = Uuid::now_v7();
+    b.append_response(id, &delta(1, "a", &[1])).await.unwrap();
+    h.advance(RESPONSE_TTL / 2).await;
+    b.append_response(id, &delta(2, "b", &[2])).await.unwrap();
+    h.advance(RESPONSE_TTL * 3 / 4).await;
+    // Renewed by the second append: still there.
+    assert_eq!(b.read_responses(id, 0, 10, NO_WAIT).await.unwrap().len(), 2);
+    h.advance(RESPONSE_TTL).await;
+    assert!(b
+        .read_responses(id, 0, 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// A withdrawn job is never claimed; withdrawing a started job is refused.
+pub async fn withdraw_before_and_after_start(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let gone = job(h, &m);
+    let kept = job(h, &m);
+    let gone_entry = b.enqueue(&gone).await.unwrap();
+    b.enqueue(&kept).await.unwrap();
+    assert_eq!(
+        b.withdraw(&m, gone.id, &gone_entry).await.unwrap(),
+        Withdrawal::Withdrawn
+    );
+    assert_eq!(
+        b.withdraw(&m, gone.id, &gone_entry).await.unwrap(),
+        Withdrawal::Withdrawn
+    );
+    assert_eq!(b.depth(&m).await.unwrap().backlog, 1);
+    let got = b.claim(&m, "w1", 10, NO_WAIT).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job.id, kept.id);
+    assert_eq!(
+        b.withdraw(&m, kept.id, &got[0].entry_id).await.unwrap(),
+        Withdrawal::AlreadyStarted
+    );
+    b.ack(&got[0]).await.unwrap();
+    assert_eq!(
+        b.withdraw(&m, kept.id, &got[0].entry_id).await.unwrap(),
+        Withdrawal::AlreadyStarted
+    );
+    assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
+    // Withdrawn by request id with a stale entry id: still never handed out (the gate,
+    // not the deletion, is what guarantees it).
+    let stray = job(h, &m);
+    b.enqueue(&stray).await.unwrap();
+    assert_eq!(
+        b.withdraw(&m, stray.id, &"1-1".to_owned()).await.unwrap(),
+        Withdrawal::Withdrawn
+    );
+    assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (0, 0));
+}
+
+/// Withdraw racing claim: exactly one wins, every time.
+pub async fn withdraw_races_claim(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let mut outcomes = (0, 0);
+    for _ in 0..40 {
+        let j = job(h, &m);
+        let entry = b.enqueue(&j).await.unwrap();
+        let (bc, bw) = (b.clone(), b.clone());
+        let (mc, mw) = (m.clone(), m.clone());
+        let claim = tokio::spawn(async move { bc.claim(&mc, "w1", 1, NO_WAIT).await });
+        let withdraw = tokio::spawn(async move { bw.withdraw(&mw, j.id, &entry).await });
+        let claimed = claim.await.unwrap().unwrap();
+        let w = withdraw.await.unwrap().unwrap();
+        match w {
+            Withdrawal::Withdrawn => {
+                assert!(claimed.is_empty(), "withdrawn job was handed out");
+                outcomes.0 += 1;
+            }
+            Withdrawal::AlreadyStarted => {
+                assert_eq!(claimed.len(), 1);
+                assert_eq!(claimed[0].job.id, j.id);
+                b.ack(&claimed[0]).await.unwrap();
+                outcomes.1 += 1;
+            }
+        }
+        assert!(b.claim(&m, "w2", 1, NO_WAIT).await.unwrap().is_empty());
+    }
+    assert_eq!(outcomes.0 + outcomes.1, 40);
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (0, 0));
+}
+
+/// A job past its deadline before it started is never run, and withdrawing it still says so.
+pub async fn expired_jobs_are_never_run(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let mut late = job(h, &m);
+    late.deadline_ms = h.now_ms() + 200;
+    let entry = b.enqueue(&late).await.unwrap();
+    h.advance(Duration::from_millis(400)).await;
+    assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
+    assert_eq!(
+        b.withdraw(&m, late.id, &entry).await.unwrap(),
+        Withdrawal::Withdrawn
+    );
+    // A started job keeps running past its deadline (its re-enqueue too).
+    let mut slow = job(h, &m);
+    slow.deadline_ms = h.now_ms() + 200;
+    b.enqueue(&slow).await.unwrap();
+    let c = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    h.advance(Duration::from_millis(400)).await;
+    b.requeue(&c, Resume::default()).await.unwrap();
+    let again = b.claim(&m, "w2", 1, NO_WAIT).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].job.id, slow.id);
+    b.ack(&again[0]).await.unwrap();
+}
+
+/// Cancel flags: a queued cancelled job is dropped; a running one is still handed over on
+/// takeover (its worker checks the flag between steps).
+pub async fn cancellation(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let queued = job(h, &m);
+    assert!(!b.is_cancelled(queued.id).await.unwrap());
+    b.enqueue(&queued).await.unwrap();
+    b.cancel(queued.id).await.unwrap();
+    assert!(b.is_cancelled(queued.id).await.unwrap());
+    assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
+
+    let running = job(h, &m);
+    b.enqueue(&running).await.unwrap();
+    let c = b.claim(&m, "dead", 1, NO_WAIT).await.unwrap().remove(0);
+    b.cancel(running.id).await.unwrap();
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let t: Vec<ClaimedJob> = b.take_over(&m, "live", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].job.id, c.job.id);
+    assert!(b.is_cancelled(t[0].job.id).await.unwrap());
+    b.ack(&t[0]).await.unwrap();
+}
+
+/// Usage events: delivered at least once until acked; a dead billing consumer's events are
+/// taken over.
+pub async fn usage_events_at_least_once(h: &dyn Harness) {
+    let b = h.broker();
+    let evs: Vec<UsageEvent> = (0..3).map(usage).collect();
+    for e in &evs {
+        b.publish_usage(e).await.unwrap();
+    }
+    let got = b.read_usage("billing-1", 10, NO_WAIT).await.unwrap();
+    assert_eq!(got.iter().map(|d| d.event.clone()).collect::<Vec<_>>(), evs);
+    b.ack_usage(&[got[0].entry_id.clone(), got[1].entry_id.clone()])
+        .await
+        .unwrap();
+    // Not acked: delivered again (as after a crash before the ack).
+    let again = b.read_usage("billing-1", 10, NO_WAIT).await.unwrap();
+    assert_eq!(again, vec![got[2].clone()]);
+    b.ack_usage(&[got[2].entry_id.clone()]).await.unwrap();
+    assert!(b
+        .read_usage("billing-1", 10, Duration::from_millis(50))
+        .await
+        .unwrap()
+        .is_empty());
+    // Another consumer does not see billing-1's events.
+    let late = usage(7);
+    b.publish_usage(&late).await.unwrap();
+    let one = b.read_usage("billing-1", 10, NO_WAIT).await.unwrap();
+    assert_eq!(one.len(), 1);
+    assert!(b
+        .read_usage("billing-2", 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(b
+        .take_over_usage("billing-2", CLAIM_TIMEOUT, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let taken = b
+        .take_over_usage("billing-2", CLAIM_TIMEOUT, 10)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].event, late);
+    b.ack_usage(&[taken[0].entry_id.clone()]).await.unwrap();
+    assert!(b
+        .read_usage("billing-1", 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(b
+        .read_usage("billing-2", 10, NO_WAIT)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// Backlog, in-flight and oldest wait as jobs arrive, wait, get claimed and withdrawn.
+pub async fn depth_figures(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    assert_eq!(b.depth(&m).await.unwrap(), Default::default());
+    let jobs: Vec<Job> = (0..4).map(|_| job(h, &m)).collect();
+    let entries = enqueue_all(&*b, &jobs).await;
+    h.advance(Duration::from_millis(500)).await;
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (4, 0));
+    let wait = d.oldest_wait_ms.unwrap();
+    assert!((500..5_000).contains(&wait), "oldest wait {wait}");
+    let c = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap();
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (3, 1));
+    // Withdrawing a queued job that is not the oldest (leaves a hole in the backlog).
+    b.withdraw(&m, jobs[2].id, &entries[2]).await.unwrap();
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (2, 1));
+    b.ack(&c[0]).await.unwrap();
+    let rest = b.claim(&m, "w1", 10, NO_WAIT).await.unwrap();
+    assert_eq!(rest.len(), 2);
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight, d.oldest_wait_ms), (0, 2, None));
+}
+
+fn beat(model: &str, worker: &str, running: u32, last_seen_ms: u64) -> WorkerHeartbeat {
+    WorkerHeartbeat {
+        worker: worker.into(),
+        model: model.into(),
+        running,
+        waiting: 0,
+        free_kv_blocks: 100,
+        capacity_type: CapacityType::OnDemand,
+        draining: false,
+        last_seen_ms,
+    }
+}
+
+/// Heartbeats are written, replaced, listed by worker and expired when stale.
+pub async fn heartbeats(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let now = h.now_ms();
+    assert!(b.workers(&m).await.unwrap().is_empty());
+    b.heartbeat(&beat(&m, "w2", 1, now - 10_000)).await.unwrap();
+    b.heartbeat(&beat(&m, "w1", 1, now)).await.unwrap();
+    b.heartbeat(&beat(&m, "w1", 3, now)).await.unwrap();
+    let ws = b.workers(&m).await.unwrap();
+    assert_eq!(
+        ws,
+        vec![beat(&m, "w1", 3, now), beat(&m, "w2", 1, now - 10_000)]
+    );
+    let gone = b
+        .expire_workers(&m, now, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(gone, vec!["w2".to_owned()]);
+    assert_eq!(b.workers(&m).await.unwrap(), vec![beat(&m, "w1", 3, now)]);
+    assert!(b.workers(&model()).await.unwrap().is_empty());
+}
+
+fn record(id: &str, state: ModelState) -> ModelRecord {
+    ModelRecord {
+        id: id.into(),
+        state,
+        prices: Prices {
+            currency: "USD".into(),
+            input_per_mtok_micros: 150_000,
+            cached_input_per_mtok_micros: 75_000,
+            output_per_mtok_micros: 600_000,
+        },
+        max_queue_wait_ms: 30_000,
+        backlog_cap: 1_000,
+        context_length: 4096,
+    }
+}
+
+/// Model records: put, get, list by id, replace, remove.
+pub async fn model_records(h: &dyn Harness) {
+    let b = h.broker();
+    assert!(b.models().await.unwrap().is_empty());
+    assert_eq!(b.model("ns/b").await.unwrap(), None);
+    b.put_model(&record("ns/b", ModelState::Ready))
+        .await
+        .unwrap();
+    b.put_model(&record("ns/a", ModelState::ScaledToZero))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.model("ns/b").await.unwrap(),
+        Some(record("ns/b", ModelState::Ready))
+    );
+    b.put_model(&record("ns/a", ModelState::Starting))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.models().await.unwrap(),
+        vec![
+            record("ns/a", ModelState::Starting),
+            record("ns/b", ModelState::Ready)
+        ]
+    );
+    assert!(b.remove_model("ns/a").await.unwrap());
+    assert!(!b.remove_model("ns/a").await.unwrap());
+    assert_eq!(b.models().await.unwrap().len(), 1);
+}
+
+/// Purging a model removes its queue and heartbeats, nothing else.
+pub async fn purge_model(h: &dyn Harness) {
+    let b = h.broker();
+    let (m, other) = (model(), model());
+    b.enqueue(&job(h, &m)).await.unwrap();
+    b.enqueue(&job(h, &other)).await.unwrap();
+    b.heartbeat(&beat(&m, "w1", 0, h.now_ms())).await.unwrap();
+    b.purge_model(&m).await.unwrap();
+    assert_eq!(b.depth(&m).await.unwrap(), Default::default());
+    assert!(b.workers(&m).await.unwrap().is_empty());
+    assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
+    assert_eq!(b.depth(&other).await.unwrap().backlog, 1);
+}
+
+/// A worker killed mid-stream: the taker rebuilds resume state from the response stream and
+/// the reader sees one uninterrupted stream.
+pub async fn takeover_continues_the_stream(h: &dyn Harness) {
+    let b: Arc<dyn Broker> = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    b.enqueue(&j).await.unwrap();
+    let dead = b.claim(&m, "dead", 1, NO_WAIT).await.unwrap().remove(0);
+    b.append_response(j.id, &delta(1, "a", &[1])).await.unwrap();
+    // The reader has delivered seq 1.
+    let seen = b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap();
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let live = b
+        .take_over(&m, "live", CLAIM_TIMEOUT, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let so_far = b
+        .read_responses(live.job.id, 0, 1000, NO_WAIT)
+        .await
+        .unwrap();
+    let r = Resume::from_events(&so_far);
+    assert_eq!((r.token_ids.clone(), r.last_seq), (vec![1], 1));
+    b.append_response(j.id, &delta(2, "b", &[2])).await.unwrap();
+    // The dead worker comes back to life and tries to continue: fenced.
+    assert!(b.append_response(j.id, &delta(2, "x", &[9])).await.is_err());
+    b.append_response(j.id, &done(3)).await.unwrap();
+    b.ack(&live).await.unwrap();
+    assert!(b.ack(&dead).await.is_err());
+    let rest = b.read_responses(j.id, 1, 10, NO_WAIT).await.unwrap();
+    let mut all = seen;
+    all.extend(rest);
+    assert_eq!(all, vec![delta(1, "a", &[1]), delta(2, "b", &[2]), done(3)]);
+}
+
+/// Re-enqueued jobs are claimed (and taken over) before fresh ones, and count in the depth.
+pub async fn resumed_jobs_go_first(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let jobs: Vec<Job> = (0..3).map(|_| job(h, &m)).collect();
+    enqueue_all(&*b, &jobs).await;
+    let first = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(first.job.id, jobs[0].id);
+    b.requeue(&first, Resume::default()).await.unwrap();
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight), (3, 0));
+    let got = b.claim(&m, "dead", 2, NO_WAIT).await.unwrap();
+    let ids: Vec<Uuid> = got.iter().map(|c| c.job.id).collect();
+    assert_eq!(ids, vec![jobs[0].id, jobs[1].id]);
+    assert_eq!((got[0].segment(), got[1].segment()), (1, 0));
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 2);
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let taken = b.take_over(&m, "live", CLAIM_TIMEOUT, 10).await.unwrap();
+    let ids: Vec<Uuid> = taken.iter().map(|c| c.job.id).collect();
+    assert_eq!(ids, vec![jobs[0].id, jobs[1].id]);
+    assert_eq!((taken[0].attempt, taken[0].segment()), (2, 2));
+    assert_eq!((taken[1].attempt, taken[1].segment()), (2, 1));
+    assert!(matches!(
+        b.ack(&got[0]).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    for t in &taken {
+        b.ack(t).await.unwrap();
+    }
+    let last = b.claim(&m, "live", 10, NO_WAIT).await.unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].job.id, jobs[2].id);
+    b.ack(&last[0]).await.unwrap();
+    assert_eq!(b.depth(&m).await.unwrap(), Default::default());
+}

@@ -1,0 +1,190 @@
+//! One harness per broker: the broker, its notion of now, and a way to let time pass
+//! (the in-process broker's clock is moved; Redis's is waited for).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tidal_queue::{
+    clock::system_now_ms, Broker, BrokerConfig, ManualClock, MemoryBroker, RedisBroker,
+};
+use uuid::Uuid;
+
+/// A broker under test.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// The broker.
+    fn broker(&self) -> Arc<dyn Broker>;
+    /// Now, as the broker sees it (ms since the epoch).
+    fn now_ms(&self) -> u64;
+    /// Lets `d` pass for the broker.
+    async fn advance(&self, d: Duration);
+}
+
+/// Response streams in the suite expire this long after their last event.
+pub const RESPONSE_TTL: Duration = Duration::from_millis(1500);
+
+fn config(prefix: String) -> BrokerConfig {
+    BrokerConfig {
+        prefix,
+        response_ttl: RESPONSE_TTL,
+        ..BrokerConfig::default()
+    }
+}
+
+/// The in-process broker on a manual clock.
+pub struct MemoryHarness {
+    broker: Arc<MemoryBroker>,
+    clock: Arc<ManualClock>,
+}
+
+impl MemoryHarness {
+    pub fn new() -> Self {
+        let clock = Arc::new(ManualClock::new(system_now_ms()));
+        let broker = Arc::new(MemoryBroker::new(
+            config("tidal-test:".into()),
+            clock.clone(),
+        ));
+        MemoryHarness { broker, clock }
+    }
+}
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    fn broker(&self) -> Arc<dyn Broker> {
+        self.broker.clone()
+    }
+    fn now_ms(&self) -> u64 {
+        use tidal_queue::Clock;
+        self.clock.now_ms()
+    }
+    async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+}
+
+/// The Redis URL of the tests.
+pub fn redis_url() -> String {
+    std::env::var("TIDAL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    redis::cmd("PING")
+        .query_async::<String>(&mut c)
+        .await
+        .is_ok()
+}
+
+/// Makes sure the shared test Redis answers, starting it (never restarting it) if it is down.
+pub async fn ensure_redis() -> String {
+    let url = redis_url();
+    if ping(&url).await {
+        return url;
+    }
+    let status = Command::new("redis-server")
+        .args([
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ])
+        .status()
+        .expect("redis-server runs");
+    assert!(status.success(), "redis-server failed to start");
+    for _ in 0..50 {
+        if ping(&url).await {
+            return url;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("redis at {url} did not come up");
+}
+
+/// Deletes every key under `prefix` (never anything else: the server is shared).
+pub async fn delete_prefix(url: &str, prefix: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<i64>(&mut c)
+                .await
+                .unwrap();
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+}
+
+/// The Redis broker under a prefix unique to this test.
+pub struct RedisHarness {
+    broker: Arc<RedisBroker>,
+    url: String,
+    prefix: String,
+}
+
+impl RedisHarness {
+    pub async fn new() -> Self {
+        let url = ensure_redis().await;
+        let prefix = format!("tidal-test-{}:", Uuid::now_v7());
+        let broker = Arc::new(
+            RedisBroker::connect(&url, config(prefix.clone()))
+                .await
+                .unwrap(),
+        );
+        RedisHarness {
+            broker,
+            url,
+            prefix,
+        }
+    }
+
+    /// Deletes this test's keys.
+    pub async fn cleanup(&self) {
+        delete_prefix(&self.url, &self.prefix).await;
+    }
+}
+
+#[async_trait]
+impl Harness for RedisHarness {
+    fn broker(&self) -> Arc<dyn Broker> {
+        self.broker.clone()
+    }
+    fn now_ms(&self) -> u64 {
+        system_now_ms()
+    }
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}

@@ -1,0 +1,170 @@
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+use tidal_tokenizer::Tokenizer;
+
+use super::metrics::EngineMetrics;
+use super::request::{FinishReason, GenerationEvent};
+use super::sequence::{SeqState, StepOutcome};
+use super::{Command, EngineConfig};
+use crate::model::{ForwardBatch, ForwardSeq, KvStorage, Model};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SeqId};
+
+/// State owned by the engine thread.
+pub(crate) struct EngineCore {
+    model: Model,
+    kv: KvStorage,
+    tokenizer: Arc<Tokenizer>,
+    scheduler: Scheduler,
+    seqs: HashMap<SeqId, SeqState>,
+    metrics: EngineMetrics,
+    shared_stats: Arc<Mutex<SchedulerStats>>,
+}
+
+impl EngineCore {
+    pub fn new(
+        model: Model,
+        kv: KvStorage,
+        tokenizer: Arc<Tokenizer>,
+        config: &EngineConfig,
+        num_blocks: usize,
+        shared_stats: Arc<Mutex<SchedulerStats>>,
+    ) -> Self {
+        let scheduler = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: config.max_num_batched_tokens,
+            max_num_seqs: config.max_num_seqs,
+            block_size: config.block_size,
+            num_blocks,
+            enable_prefix_caching: config.enable_prefix_caching,
+        });
+        Self {
+            model,
+            kv,
+            tokenizer,
+            scheduler,
+            seqs: HashMap::new(),
+            metrics: EngineMetrics,
+            shared_stats,
+        }
+    }
+
+    /// Runs until every engine handle is dropped and no work is left.
+    pub fn run(mut self, commands: mpsc::Receiver<Command>) {
+        loop {
+            if self.seqs.is_empty() {
+                // Idle: sleep until a request arrives (or every sender is gone).
+                match commands.recv() {
+                    Ok(command) => self.accept(command),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(command) = commands.try_recv() {
+                self.accept(command);
+            }
+            self.drop_cancelled();
+            if !self.seqs.is_empty() {
+                self.step();
+            }
+            let stats = self.scheduler.stats();
+            self.metrics.publish(&stats);
+            if let Ok(mut shared) = self.shared_stats.lock() {
+                *shared = stats;
+            }
+        }
+    }
+
+    fn accept(&mut self, command: Command) {
+        match command {
+            Command::Submit { id, request, events } => {
+                let prompt_len = request.prompt.len();
+                if let Err(e) = self.scheduler.add(id, request.prompt.clone(), request.max_tokens) {
+                    let _ = events.send(GenerationEvent::Error { message: e.to_string() });
+                    return;
+                }
+                self.metrics.prompt_tokens(prompt_len);
+                self.seqs.insert(id, SeqState::new(request, events));
+            }
+        }
+    }
+
+    /// A dropped receiver means the client went away: free the sequence now.
+    fn drop_cancelled(&mut self) {
+        let gone: Vec<SeqId> = self.seqs.iter().filter(|(_, s)| s.is_cancelled()).map(|(id, _)| *id).collect();
+        for id in gone {
+            tracing::debug!(seq = id, "client gone; sequence cancelled");
+            self.scheduler.finish(id);
+            self.seqs.remove(&id);
+        }
+    }
+
+    fn step(&mut self) {
+        let batch = self.scheduler.schedule();
+        if batch.seqs.is_empty() {
+            // Nothing fits this step (all blocks held); waiting requests stay queued.
+            std::thread::yield_now();
+            return;
+        }
+        let started = Instant::now();
+        let forward = ForwardBatch {
+            seqs: batch
+                .seqs
+                .iter()
+                .map(|s| ForwardSeq {
+                    tokens: &s.tokens,
+                    start_pos: s.start_pos,
+                    block_table: &s.block_table,
+                    want_logits: s.sample,
+                })
+                .collect(),
+        };
+        let mut logits = match self.model.forward(&forward, &mut self.kv) {
+            Ok(logits) => logits,
+            Err(e) => {
+                // A model error fails this step's sequences, not the engine.
+                tracing::error!(error = %e, "forward pass failed");
+                for s in &batch.seqs {
+                    if let Some(state) = self.seqs.remove(&s.id) {
+                        state.fail(format!("model error: {e}"));
+                    }
+                    self.scheduler.finish(s.id);
+                }
+                return;
+            }
+        };
+        let vocab = self.model.config().vocab_size;
+        let context_length = self.model.config().context_length;
+        let mut sampled = Vec::new();
+        let mut rows = logits.chunks_exact_mut(vocab);
+        for s in &batch.seqs {
+            if let Some(state) = self.seqs.get_mut(&s.id) {
+                state.note_cached_tokens(s.cached_tokens);
+            }
+            if !s.sample {
+                continue;
+            }
+            let Some(row) = rows.next() else { break };
+            if let Some(state) = self.seqs.get_mut(&s.id) {
+                sampled.push((s.id, state.sample(row)));
+            }
+        }
+        self.scheduler.append_sampled(&sampled);
+        let now = Instant::now();
+        for (id, token) in sampled {
+            let Some(state) = self.seqs.get_mut(&id) else { continue };
+            self.metrics.token_generated(state.latency_since_last(now), state.is_first_token());
+            match state.push_token(token, &self.tokenizer, context_length, now) {
+                StepOutcome::Continue => {}
+                StepOutcome::Finished(reason) => self.finish(id, reason),
+            }
+        }
+        self.metrics.step(batch.num_tokens, started.elapsed());
+    }
+
+    fn finish(&mut self, id: SeqId, reason: FinishReason) {
+        self.scheduler.finish(id);
+        if let Some(state) = self.seqs.remove(&id) {
+            state.complete(reason);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The engine: one thread that owns the model, the KV memory and the scheduler, and runs
+//! step after step (schedule → forward → sample → stream), like vLLM's `EngineCore` busy
+//! loop. Callers talk to it through channels, so the HTTP server and the queue worker never
+//! block on the model.
+
+mod config;
+mod core;
+mod metrics;
+mod request;
+mod sequence;
+
+pub use config::EngineConfig;
+pub use request::{FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use tidal_tokenizer::Tokenizer;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::model::{KvStorage, Model, ModelConfig};
+use crate::scheduler::SchedulerStats;
+
+/// Why the engine refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("KV cache too small: {needed} tokens can never fit in {capacity} (raise --kv-cache-memory)")]
+    TooLong { needed: usize, capacity: usize },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub(crate) enum Command {
+    Submit {
+        id: u64,
+        request: GenerationRequest,
+        events: UnboundedSender<GenerationEvent>,
+    },
+}
+
+/// Handle to a running engine; cheap to clone, the engine stops when every handle is gone.
+#[derive(Clone)]
+pub struct Engine {
+    commands: mpsc::Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    model_config: Arc<ModelConfig>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    stats: Arc<Mutex<SchedulerStats>>,
+    capacity_tokens: usize,
+}
+
+impl Engine {
+    /// Allocates the KV memory and starts the engine thread.
+    pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Self, EngineError> {
+        let model_config = Arc::new(model.config().clone());
+        let num_blocks = config.num_blocks(&model_config);
+        if num_blocks == 0 {
+            return Err(EngineError::Invalid(format!(
+                "--kv-cache-memory {} bytes holds no block of {} tokens ({} bytes per token)",
+                config.kv_cache_memory,
+                config.block_size,
+                model_config.kv_bytes_per_token()
+            )));
+        }
+        let kv = KvStorage::new(model_config.num_layers, num_blocks, config.block_size, model_config.kv_width());
+        tracing::info!(
+            blocks = num_blocks,
+            block_size = config.block_size,
+            kv_tokens = num_blocks * config.block_size,
+            kv_mib = kv.memory_bytes() >> 20,
+            "KV cache allocated"
+        );
+        let (commands, receiver) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(SchedulerStats::default()));
+        let core = core::EngineCore::new(model, kv, tokenizer.clone(), &config, num_blocks, stats.clone());
+        std::thread::Builder::new()
+            .name("tidal-engine".into())
+            .spawn(move || core.run(receiver))
+            .map_err(|e| EngineError::Invalid(format!("cannot start engine thread: {e}")))?;
+        Ok(Self {
+            commands,
+            next_id: Arc::new(AtomicU64::new(1)),
+            model_config,
+            tokenizer,
+            capacity_tokens: num_blocks * config.block_size,
+            config,
+            stats,
+        })
+    }
+
+    /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
+    /// cancels the request and frees its KV blocks at the next step.
+    pub fn submit(&self, request: GenerationRequest) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
+        let needed = request.prompt.len() + request.max_tokens;
+        if needed > self.capacity_tokens {
+            return Err(EngineError::TooLong {
+                needed,
+                capacity: self.capacity_tokens,
+            });
+        }
+        let (events, receiver) = unbounded_channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.commands
+            .send(Command::Submit { id, request, events })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok(receiver)
+    }
+
+    /// The model's hyper-parameters.
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model_config
+    }
+
+    /// The tokenizer the engine detokenises with.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// Tokens the whole KV cache holds: no single request may need more.
+    pub fn capacity_tokens(&self) -> usize {
+        self.capacity_tokens
+    }
+
+    /// Load figures as of the last engine step (running, waiting, KV usage, prefix hits).
+    pub fn stats(&self) -> SchedulerStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+}

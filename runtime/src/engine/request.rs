@@ -1,0 +1,72 @@
+use crate::sampling::SamplingParams;
+
+/// What the engine is asked to generate: already tokenised and validated.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    /// Prompt token ids (chat template already applied).
+    pub prompt: Vec<u32>,
+    /// Upper bound of generated tokens.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends before the first occurrence, which is not returned.
+    pub stop: Vec<String>,
+    /// Extra token ids that end generation (returned as `stop`).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past end-of-generation tokens (benchmarks).
+    pub ignore_eos: bool,
+}
+
+/// Why a sequence ended, in OpenAI's vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token, stop token id or stop string.
+    Stop,
+    /// `max_tokens` or the context window reached.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// Log-probability of one generated token and its most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What a request's receiver gets, in order: deltas, then exactly one `Done` or `Error`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// Newly generated tokens and the text they complete (may be empty while a multi-byte
+    /// character or a possible stop string is held back).
+    Delta {
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish_reason: FinishReason,
+        usage: Usage,
+    },
+    Error {
+        message: String,
+    },
+}

@@ -1,0 +1,94 @@
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::{Content, TensorInfo, Value};
+use memmap2::Mmap;
+
+use super::error::ModelError;
+
+/// A memory-mapped GGUF file: parsed metadata plus zero-copy access to tensor bytes.
+pub struct ModelFile {
+    path: PathBuf,
+    mmap: Arc<Mmap>,
+    content: Content,
+}
+
+impl ModelFile {
+    /// Maps the file and parses its header; tensor data is not read until touched.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, ModelError> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let file = std::fs::File::open(&path).map_err(|source| ModelError::Open {
+            path: shown.clone(),
+            source,
+        })?;
+        // SAFETY: the file is opened read-only; like every mmap-based loader we rely on the
+        // file not being truncated while the model is loaded.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Open {
+            path: shown.clone(),
+            source,
+        })?;
+        let content = Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| {
+            ModelError::Gguf {
+                path: shown,
+                message: e.to_string(),
+            }
+        })?;
+        Ok(Self {
+            path,
+            mmap: Arc::new(mmap),
+            content,
+        })
+    }
+
+    /// The file this was mapped from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Parsed GGUF header (metadata and tensor infos).
+    pub fn content(&self) -> &Content {
+        &self.content
+    }
+
+    /// The shared mapping, kept alive by every weight that points into it.
+    pub(crate) fn mmap(&self) -> &Arc<Mmap> {
+        &self.mmap
+    }
+
+    /// A metadata value, or `MissingMetadata`.
+    pub fn metadata(&self, key: &str) -> Result<&Value, ModelError> {
+        self.content
+            .metadata
+            .get(key)
+            .ok_or_else(|| ModelError::MissingMetadata(key.to_string()))
+    }
+
+    /// Tensor info by name, if present.
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.content.tensor_infos.get(name)
+    }
+
+    /// Byte range of a tensor inside the mapping, checked against the file length.
+    pub(crate) fn tensor_range(
+        &self,
+        name: &str,
+    ) -> Result<(&TensorInfo, std::ops::Range<usize>), ModelError> {
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let elems = info.shape.elem_count();
+        let size = elems / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let start = self.content.tensor_data_offset as usize + info.offset as usize;
+        let end = start + size;
+        if end > self.mmap.len() {
+            return Err(ModelError::TruncatedTensor {
+                name: name.to_string(),
+                start,
+                end,
+                len: self.mmap.len(),
+            });
+        }
+        Ok((info, start..end))
+    }
+}

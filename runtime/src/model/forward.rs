@@ -1,0 +1,238 @@
+use std::time::Instant;
+
+use tidal_kernels::{paged_attention, rms_norm, silu_mul, write_kv, AttentionSeq, Rope, RopeStyle};
+
+use super::config::{Architecture, ModelConfig, RopeScaling};
+use super::error::ModelError;
+use super::file::ModelFile;
+use super::kv_storage::KvStorage;
+use super::weight::QuantizeTo;
+use super::weights::{LayerWeights, ModelWeights};
+
+/// One sequence's share of a forward batch.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardSeq<'a> {
+    /// Tokens to run (a prefill chunk, or one decode token).
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; positions before it are already in the KV cache.
+    pub start_pos: usize,
+    /// Physical KV blocks covering positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [u32],
+    /// Whether to return logits for the last token.
+    pub want_logits: bool,
+}
+
+/// A flat batch of tokens from many sequences.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch<'a> {
+    pub seqs: Vec<ForwardSeq<'a>>,
+}
+
+impl ForwardBatch<'_> {
+    /// Tokens in the batch.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// A loaded llama-family model.
+pub struct Model {
+    config: ModelConfig,
+    weights: ModelWeights,
+    rope: Rope,
+}
+
+impl Model {
+    /// Loads the weights of an opened GGUF file (zero-copy unless `quantize` asks for a
+    /// different block type).
+    pub fn load(file: &ModelFile, quantize: Option<QuantizeTo>) -> Result<Self, ModelError> {
+        let started = Instant::now();
+        let config = ModelConfig::from_file(file)?;
+        let weights = ModelWeights::load(file, &config, quantize)?;
+        let (style, scale) = rope_params(&config);
+        let rope = Rope::new(config.head_dim, config.rope_theta, scale, style);
+        tracing::info!(
+            path = %file.path().display(),
+            arch = config.architecture.name(),
+            layers = config.num_layers,
+            load_ms = started.elapsed().as_millis() as u64,
+            "model loaded"
+        );
+        Ok(Self { config, weights, rope })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, one row
+    /// per sequence with `want_logits`, in batch order.
+    pub fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvStorage) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let n = batch.num_tokens();
+        let d = c.hidden_size;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let bs = kv.block_size();
+        let mut positions = Vec::with_capacity(n);
+        let mut slots = Vec::with_capacity(n);
+        let mut attn_seqs = Vec::with_capacity(batch.seqs.len());
+        for seq in &batch.seqs {
+            let q_start = positions.len();
+            for j in 0..seq.tokens.len() {
+                let pos = seq.start_pos + j;
+                let block = *seq.block_table.get(pos / bs).ok_or_else(|| {
+                    ModelError::Kernel(format!("block table of {} blocks does not cover position {pos}", seq.block_table.len()))
+                })? as usize;
+                positions.push(pos);
+                slots.push(block * bs + pos % bs);
+            }
+            attn_seqs.push(AttentionSeq {
+                q_start,
+                q_len: seq.tokens.len(),
+                start_pos: seq.start_pos,
+                block_table: seq.block_table,
+            });
+        }
+
+        let mut x = vec![0f32; n * d];
+        let vocab = c.vocab_size as u32;
+        for (row, &tok) in x.chunks_mut(d).zip(batch.seqs.iter().flat_map(|s| s.tokens.iter())) {
+            if tok >= vocab {
+                return Err(ModelError::Kernel(format!("token id {tok} is outside the vocabulary of {vocab}")));
+            }
+            self.weights.token_embedding.dequantize_row(tok as usize, row);
+        }
+
+        let mut buffers = LayerBuffers::new(c, n);
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let (k_cache, v_cache) = kv.layer_mut(index);
+            self.layer(layer, &mut x, &positions, &slots, &attn_seqs, bs, k_cache, v_cache, &mut buffers)?;
+        }
+
+        // Only the rows that are sampled go through the final norm and the vocabulary matmul.
+        let mut last_rows = Vec::new();
+        let mut offset = 0;
+        for seq in &batch.seqs {
+            offset += seq.tokens.len();
+            if seq.want_logits {
+                last_rows.extend_from_slice(&x[(offset - 1) * d..offset * d]);
+            }
+        }
+        let r = last_rows.len() / d;
+        if r == 0 {
+            return Ok(Vec::new());
+        }
+        let mut normed = vec![0f32; r * d];
+        rms_norm(&last_rows, &self.weights.output_norm, c.rms_norm_eps, &mut normed);
+        let mut logits = vec![0f32; r * c.vocab_size];
+        self.weights.lm_head().matmul(&normed, r, &mut logits)?;
+        Ok(logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        w: &LayerWeights,
+        x: &mut [f32],
+        positions: &[usize],
+        slots: &[usize],
+        seqs: &[AttentionSeq<'_>],
+        block_size: usize,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+        b: &mut LayerBuffers,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = positions.len();
+        rms_norm(x, &w.attn_norm, c.rms_norm_eps, &mut b.normed);
+        w.wq.matmul(&b.normed, n, &mut b.q)?;
+        w.wk.matmul(&b.normed, n, &mut b.k)?;
+        w.wv.matmul(&b.normed, n, &mut b.v)?;
+        add_bias(&mut b.q, w.bq.as_deref());
+        add_bias(&mut b.k, w.bk.as_deref());
+        add_bias(&mut b.v, w.bv.as_deref());
+        self.rope.apply(&mut b.q, positions, c.num_heads);
+        self.rope.apply(&mut b.k, positions, c.num_kv_heads);
+        write_kv(k_cache, v_cache, &b.k, &b.v, slots, c.kv_width());
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        paged_attention(
+            &b.q,
+            k_cache,
+            v_cache,
+            seqs,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            block_size,
+            scale,
+            &mut b.attn,
+        );
+        w.wo.matmul(&b.attn, n, &mut b.out)?;
+        add_into(x, &b.out);
+
+        rms_norm(x, &w.ffn_norm, c.rms_norm_eps, &mut b.normed);
+        w.w_gate.matmul(&b.normed, n, &mut b.gate)?;
+        w.w_up.matmul(&b.normed, n, &mut b.up)?;
+        silu_mul(&mut b.gate, &b.up);
+        w.w_down.matmul(&b.gate, n, &mut b.out)?;
+        add_into(x, &b.out);
+        Ok(())
+    }
+}
+
+/// Scratch activations of one layer, reused across layers.
+struct LayerBuffers {
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    out: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl LayerBuffers {
+    fn new(c: &ModelConfig, n: usize) -> Self {
+        let q_width = c.num_heads * c.head_dim;
+        Self {
+            normed: vec![0.0; n * c.hidden_size],
+            q: vec![0.0; n * q_width],
+            k: vec![0.0; n * c.kv_width()],
+            v: vec![0.0; n * c.kv_width()],
+            attn: vec![0.0; n * q_width],
+            out: vec![0.0; n * c.hidden_size],
+            gate: vec![0.0; n * c.ffn_size],
+            up: vec![0.0; n * c.ffn_size],
+        }
+    }
+}
+
+fn rope_params(c: &ModelConfig) -> (RopeStyle, f32) {
+    let style = match c.architecture {
+        Architecture::Llama => RopeStyle::Normal,
+        Architecture::Qwen2 => RopeStyle::Neox,
+    };
+    let scale = match c.rope_scaling {
+        RopeScaling::None => 1.0,
+        RopeScaling::Linear(factor) => factor,
+    };
+    (style, scale)
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(bias) = bias {
+        for row in x.chunks_mut(bias.len()) {
+            add_into(row, bias);
+        }
+    }
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}

@@ -1,0 +1,21 @@
+//! Model execution: memory-mapped GGUF weights and our own batched forward pass.
+//!
+//! Weights stay in the memory-mapped file (quantised blocks are read in place by the matmul
+//! kernels), activations are plain `f32` rows. One forward call takes a flat batch of tokens
+//! from many sequences — prefill chunks and decode steps mixed — and a block table per
+//! sequence into the paged KV cache, the way vLLM's model runner does.
+
+mod config;
+mod error;
+mod file;
+mod forward;
+mod kv_storage;
+mod weight;
+mod weights;
+
+pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use error::ModelError;
+pub use file::ModelFile;
+pub use forward::{ForwardBatch, ForwardSeq, Model};
+pub use kv_storage::KvStorage;
+pub use weight::{QuantizeTo, Weight};

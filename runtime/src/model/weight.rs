@@ -1,0 +1,257 @@
+use std::ops::Range;
+use std::sync::Arc;
+
+use candle_core::quantized::k_quants::{
+    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, GgmlType,
+};
+use candle_core::quantized::GgmlDType;
+use half::{bf16, f16};
+use memmap2::Mmap;
+
+use super::error::ModelError;
+use super::file::ModelFile;
+
+/// Runs `$body` with `$t` bound to the candle block type of a GGML dtype.
+macro_rules! with_block_type {
+    ($dtype:expr, $t:ident => $body:expr, else $other:expr) => {
+        match $dtype {
+            GgmlDType::F32 => { type $t = f32; $body }
+            GgmlDType::F16 => { type $t = f16; $body }
+            GgmlDType::BF16 => { type $t = bf16; $body }
+            GgmlDType::Q4_0 => { type $t = BlockQ4_0; $body }
+            GgmlDType::Q4_1 => { type $t = BlockQ4_1; $body }
+            GgmlDType::Q5_0 => { type $t = BlockQ5_0; $body }
+            GgmlDType::Q5_1 => { type $t = BlockQ5_1; $body }
+            GgmlDType::Q8_0 => { type $t = BlockQ8_0; $body }
+            GgmlDType::Q2K => { type $t = BlockQ2K; $body }
+            GgmlDType::Q3K => { type $t = BlockQ3K; $body }
+            GgmlDType::Q4K => { type $t = BlockQ4K; $body }
+            GgmlDType::Q5K => { type $t = BlockQ5K; $body }
+            GgmlDType::Q6K => { type $t = BlockQ6K; $body }
+            _ => $other,
+        }
+    };
+}
+
+/// Target type of `--quantize`: weights re-quantised once at load time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantizeTo {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    F16,
+}
+
+impl QuantizeTo {
+    /// The GGML dtype this produces.
+    pub fn dtype(self) -> GgmlDType {
+        match self {
+            Self::Q4_0 => GgmlDType::Q4_0,
+            Self::Q4_1 => GgmlDType::Q4_1,
+            Self::Q8_0 => GgmlDType::Q8_0,
+            Self::F16 => GgmlDType::F16,
+        }
+    }
+}
+
+impl std::str::FromStr for QuantizeTo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "q4_0" => Ok(Self::Q4_0),
+            "q4_1" => Ok(Self::Q4_1),
+            "q8_0" => Ok(Self::Q8_0),
+            "f16" => Ok(Self::F16),
+            other => Err(format!("unknown quantisation `{other}` (expected q4_0, q4_1, q8_0 or f16)")),
+        }
+    }
+}
+
+enum Storage {
+    /// Bytes inside the memory-mapped file: loading copies nothing.
+    Mapped { mmap: Arc<Mmap>, range: Range<usize> },
+    /// Re-quantised at load; `u64` words keep every block type aligned.
+    Owned { words: Vec<u64>, len: usize },
+}
+
+/// A 2-D weight matrix of `rows` × `cols` in a GGML block type (rows are output features).
+pub struct Weight {
+    name: String,
+    dtype: GgmlDType,
+    rows: usize,
+    cols: usize,
+    storage: Storage,
+}
+
+impl Weight {
+    /// Maps tensor `name`; 1-D tensors become one row.
+    pub(crate) fn load(file: &ModelFile, name: &str) -> Result<Self, ModelError> {
+        let (info, range) = file.tensor_range(name)?;
+        let dims = info.shape.dims();
+        let (rows, cols) = match dims {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            other => {
+                return Err(ModelError::BadShape {
+                    name: name.to_string(),
+                    expected: vec![0, 0],
+                    actual: other.to_vec(),
+                })
+            }
+        };
+        let supported = with_block_type!(info.ggml_dtype, T => {
+            let _ = std::mem::size_of::<T>();
+            true
+        }, else false);
+        if !supported {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.to_string(),
+                dtype: info.ggml_dtype,
+            });
+        }
+        if cols % info.ggml_dtype.block_size() != 0 {
+            return Err(ModelError::BadShape {
+                name: name.to_string(),
+                expected: vec![rows, cols.next_multiple_of(info.ggml_dtype.block_size())],
+                actual: dims.to_vec(),
+            });
+        }
+        let weight = Self {
+            name: name.to_string(),
+            dtype: info.ggml_dtype,
+            rows,
+            cols,
+            storage: Storage::Mapped { mmap: file.mmap().clone(), range },
+        };
+        // GGUF aligns tensor data (32 bytes by default), so a misaligned tensor is a broken
+        // file or an exotic alignment: copy it rather than read it unaligned.
+        if weight.bytes().as_ptr() as usize % 8 != 0 {
+            return Ok(weight.to_owned_copy());
+        }
+        Ok(weight)
+    }
+
+    fn to_owned_copy(&self) -> Self {
+        let bytes = self.bytes();
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck_copy(bytes, &mut words);
+        Self {
+            name: self.name.clone(),
+            dtype: self.dtype,
+            rows: self.rows,
+            cols: self.cols,
+            storage: Storage::Owned { words, len: bytes.len() },
+        }
+    }
+
+    /// Tensor name in the GGUF file.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Block type of the stored data.
+    pub fn dtype(&self) -> GgmlDType {
+        self.dtype
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Raw GGML bytes of the whole matrix.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.storage {
+            Storage::Mapped { mmap, range } => &mmap[range.clone()],
+            Storage::Owned { words, len } => {
+                // SAFETY: a u64 buffer viewed as its first `len` bytes.
+                unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), *len) }
+            }
+        }
+    }
+
+    /// `out[m, rows] = x[m, cols] · selfᵀ`.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        debug_assert_eq!(x.len(), m * self.cols);
+        debug_assert!(out.len() >= m * self.rows);
+        let mkn = (m, self.cols, self.rows);
+        with_block_type!(self.dtype, T => {
+            k_quants::matmul::<T>(mkn, x, blocks::<T>(self.bytes()), out)
+                .map_err(|e| ModelError::Kernel(format!("{}: {e}", self.name)))
+        }, else Err(ModelError::UnsupportedTensorType { name: self.name.clone(), dtype: self.dtype }))
+    }
+
+    /// Dequantises row `row` into `out` (`cols` values): embedding lookup.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let row_bytes = self.bytes().len() / self.rows;
+        let bytes = &self.bytes()[row * row_bytes..(row + 1) * row_bytes];
+        with_block_type!(self.dtype, T => T::to_float(blocks::<T>(bytes), &mut out[..self.cols]), else ())
+    }
+
+    /// The whole matrix as f32 (norm weights and biases are small 1-D tensors).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (row, chunk) in out.chunks_mut(self.cols).enumerate() {
+            self.dequantize_row(row, chunk);
+        }
+        out
+    }
+
+    /// Re-quantises to another block type (owned memory); same-type requests are no-ops.
+    pub fn requantize(self, to: QuantizeTo) -> Result<Self, ModelError> {
+        let dtype = to.dtype();
+        if dtype == self.dtype {
+            return Ok(self);
+        }
+        if self.cols % dtype.block_size() != 0 {
+            return Err(ModelError::Quantize(
+                dtype,
+                format!("{} has {} columns, not a multiple of {}", self.name, self.cols, dtype.block_size()),
+            ));
+        }
+        let len = self.rows * self.cols / dtype.block_size() * dtype.type_size();
+        let mut words = vec![0u64; len.div_ceil(8)];
+        let mut row_f32 = vec![0f32; self.cols];
+        let row_bytes = len / self.rows;
+        for row in 0..self.rows {
+            self.dequantize_row(row, &mut row_f32);
+            // SAFETY: `words` holds `len` bytes; each row writes its own byte range.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>().add(row * row_bytes), row_bytes)
+            };
+            with_block_type!(dtype, T => T::from_float(&row_f32, blocks_mut::<T>(dst)), else ());
+        }
+        Ok(Self {
+            name: self.name,
+            dtype,
+            rows: self.rows,
+            cols: self.cols,
+            storage: Storage::Owned { words, len },
+        })
+    }
+}
+
+/// Views GGML bytes as blocks. Blocks are plain-old-data `repr(C)` structs of f16/u8/i8
+/// fields, so every bit pattern is valid; alignment is checked at load.
+fn blocks<T>(bytes: &[u8]) -> &[T] {
+    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned weight");
+    // SAFETY: see above; length is rounded down to whole blocks.
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / std::mem::size_of::<T>()) }
+}
+
+fn blocks_mut<T>(bytes: &mut [u8]) -> &mut [T] {
+    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned weight");
+    // SAFETY: as `blocks`; the buffer starts zeroed, a valid value of every block type.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / std::mem::size_of::<T>()) }
+}
+
+fn bytemuck_copy(bytes: &[u8], words: &mut [u64]) {
+    // SAFETY: `words` has at least `bytes.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), bytes.len()) }
+}

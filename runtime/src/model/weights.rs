@@ -1,0 +1,111 @@
+use super::config::{Architecture, ModelConfig};
+use super::error::ModelError;
+use super::file::ModelFile;
+use super::weight::{QuantizeTo, Weight};
+
+/// Weights of one transformer block (llama.cpp tensor names `blk.N.*`).
+pub(crate) struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub wo: Weight,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
+}
+
+/// All weights of a llama-family model.
+pub(crate) struct ModelWeights {
+    pub token_embedding: Weight,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// `output.weight`, or the token embedding when the model ties them.
+    pub output: Option<Weight>,
+}
+
+impl ModelWeights {
+    /// Maps every tensor the forward pass needs and checks its shape.
+    pub fn load(file: &ModelFile, config: &ModelConfig, quantize: Option<QuantizeTo>) -> Result<Self, ModelError> {
+        let d = config.hidden_size;
+        let q_width = config.num_heads * config.head_dim;
+        let kv_width = config.kv_width();
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight, ModelError> {
+            let w = Weight::load(file, name)?;
+            expect_shape(&w, rows, cols)?;
+            match quantize {
+                Some(q) => w.requantize(q),
+                None => Ok(w),
+            }
+        };
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
+            let w = Weight::load(file, name)?;
+            expect_shape(&w, 1, len)?;
+            Ok(w.to_f32())
+        };
+        let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+            match file.tensor_info(name) {
+                Some(_) => vector(name, len).map(Some),
+                None if config.architecture == Architecture::Qwen2 => Err(ModelError::MissingTensor(name.into())),
+                None => Ok(None),
+            }
+        };
+        let mut layers = Vec::with_capacity(config.num_layers);
+        for i in 0..config.num_layers {
+            let p = |t: &str| format!("blk.{i}.{t}");
+            layers.push(LayerWeights {
+                attn_norm: vector(&p("attn_norm.weight"), d)?,
+                wq: matrix(&p("attn_q.weight"), q_width, d)?,
+                wk: matrix(&p("attn_k.weight"), kv_width, d)?,
+                wv: matrix(&p("attn_v.weight"), kv_width, d)?,
+                bq: bias(&p("attn_q.bias"), q_width)?,
+                bk: bias(&p("attn_k.bias"), kv_width)?,
+                bv: bias(&p("attn_v.bias"), kv_width)?,
+                wo: matrix(&p("attn_output.weight"), d, q_width)?,
+                ffn_norm: vector(&p("ffn_norm.weight"), d)?,
+                w_gate: matrix(&p("ffn_gate.weight"), config.ffn_size, d)?,
+                w_up: matrix(&p("ffn_up.weight"), config.ffn_size, d)?,
+                w_down: matrix(&p("ffn_down.weight"), d, config.ffn_size)?,
+            });
+        }
+        let output = match file.tensor_info("output.weight") {
+            Some(_) => Some(matrix("output.weight", config.vocab_size, d)?),
+            None => None,
+        };
+        // The embedding is only read a row at a time unless it doubles as the output matrix.
+        let token_embedding = match output {
+            Some(_) => {
+                let w = Weight::load(file, "token_embd.weight")?;
+                expect_shape(&w, config.vocab_size, d)?;
+                w
+            }
+            None => matrix("token_embd.weight", config.vocab_size, d)?,
+        };
+        Ok(Self {
+            token_embedding,
+            layers,
+            output_norm: vector("output_norm.weight", d)?,
+            output,
+        })
+    }
+
+    /// The matrix that produces logits.
+    pub fn lm_head(&self) -> &Weight {
+        self.output.as_ref().unwrap_or(&self.token_embedding)
+    }
+}
+
+fn expect_shape(w: &Weight, rows: usize, cols: usize) -> Result<(), ModelError> {
+    if w.rows() != rows || w.cols() != cols {
+        return Err(ModelError::BadShape {
+            name: w.name().to_string(),
+            expected: vec![rows, cols],
+            actual: vec![w.rows(), w.cols()],
+        });
+    }
+    Ok(())
+}

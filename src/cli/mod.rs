@@ -1,0 +1,6 @@
+//! One module per subcommand; shared flag groups and parsing helpers.
+
+pub mod bench;
+pub mod engine_args;
+pub mod logging;
+pub mod runtime;

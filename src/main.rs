@@ -16,8 +16,13 @@ struct Cli {
 enum Command {
     /// Serve one GGUF model: OpenAI-compatible HTTP server with continuous batching.
     Runtime(cli::runtime::RuntimeArgs),
-    /// Benchmarks (decode speed, concurrency, prefix cache, memory bandwidth).
+    /// Benchmarks (decode speed, concurrency, prefix cache, memory bandwidth, ledger ingest).
     Bench(cli::bench::BenchArgs),
+    /// A tenant's monthly usage report or invoice from the ledger.
+    Report(cli::report::ReportArgs),
+    /// Replay a request trace through the autoscaling policy and the baselines; prints cost
+    /// and latency side by side.
+    Sim(tidal_autoscaler::sim::SimArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -25,5 +30,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Runtime(args) => cli::runtime::run(args),
         Command::Bench(args) => cli::bench::run(args),
+        Command::Report(args) => cli::report::run(args),
+        Command::Sim(args) => tidal_autoscaler::sim::run(&args).map(|_| ()),
     }
 }

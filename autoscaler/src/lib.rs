@@ -11,10 +11,11 @@ pub mod policy;
 pub mod signals;
 pub mod sim;
 pub mod spec;
+pub mod telemetry;
 pub mod window;
 
 pub use capacity::Split;
 pub use observed::{CapacityObserved, Observed};
 pub use policy::{decide, Decision, PolicyState, Reason};
 pub use signals::{condition_signal, taint_signal, InterruptionSource};
-pub use spec::{CapacityMode, ScalingSpec, SpecError};
+pub use spec::{CapacityMode, ScalingSpec, SpecError, StableAggregate};

@@ -11,7 +11,7 @@
 
 use crate::capacity::{split, Split};
 use crate::observed::Observed;
-use crate::spec::ScalingSpec;
+use crate::spec::{ScalingSpec, StableAggregate};
 use crate::window::Window;
 use std::collections::VecDeque;
 use std::fmt;
@@ -121,7 +121,11 @@ pub fn decide(
     let demand = metrics.demand() as f64;
     let target = spec.target_in_flight_per_replica.max(f64::MIN_POSITIVE);
     state.window.record(now, demand);
-    let stable_demand = state.window.average(now, spec.stable_window).unwrap_or(0.0);
+    let stable_demand = match spec.stable_aggregate {
+        StableAggregate::Mean => state.window.average(now, spec.stable_window),
+        StableAggregate::Max => state.window.max(now, spec.stable_window),
+    }
+    .unwrap_or(0.0);
     let panic_demand = state.window.average(now, spec.panic_window).unwrap_or(0.0);
     let desired_stable = replicas_for(stable_demand, target);
     let desired_panic = replicas_for(panic_demand, target);

@@ -516,6 +516,47 @@ fn decisions_are_deterministic_for_the_same_inputs() {
 }
 
 #[test]
+fn stable_max_sizes_for_the_window_peak_not_its_mean() {
+    let sp = ScalingSpec {
+        stable_aggregate: crate::spec::StableAggregate::Max,
+        panic_threshold: 100.0,
+        ..spec()
+    };
+    let mut st = PolicyState::new(&sp);
+    let mut fleet = Fleet::new(5);
+    let mut last = None;
+    // one 2 s burst of 60 every 30 s over a base of 10: mean ~13, peak 60
+    let ds = run(&mut fleet, &sp, &mut st, 0, 300, &mut last, |t| {
+        if t % 30 < 2 {
+            (50, 10)
+        } else {
+            (0, 10)
+        }
+    });
+    assert!(
+        ds[90..]
+            .iter()
+            .all(|d| d.serving == 6 && d.reason == Reason::Stable),
+        "{:?}",
+        &ds[90]
+    );
+    let mean = ScalingSpec {
+        panic_threshold: 100.0,
+        ..spec()
+    };
+    let mut st = PolicyState::new(&mean);
+    let mut fleet = Fleet::new(5);
+    let ds = run(&mut fleet, &mean, &mut st, 0, 300, &mut last, |t| {
+        if t % 30 < 2 {
+            (50, 10)
+        } else {
+            (0, 10)
+        }
+    });
+    assert!(ds[90..].iter().all(|d| d.serving == 2), "{:?}", &ds[90]);
+}
+
+#[test]
 fn scale_down_delay_holds_the_highest_recent_target() {
     let sp = ScalingSpec {
         scale_down_delay: s(60),

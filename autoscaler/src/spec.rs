@@ -20,6 +20,17 @@ pub enum CapacityMode {
     SpotWithFallback,
 }
 
+/// How stable mode summarises demand over the stable window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum StableAggregate {
+    /// The window's mean (Knative's KPA).
+    #[default]
+    Mean,
+    /// The window's highest one-second demand: capacity for the recent burst, for models whose
+    /// cold start is longer than their bursts (a replica started for a burst arrives too late).
+    Max,
+}
+
 /// Autoscaling parameters of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -36,6 +47,8 @@ pub struct ScalingSpec {
     /// Window over which demand is averaged for normal (stable-mode) decisions.
     #[serde(with = "secs")]
     pub stable_window: Duration,
+    /// How the stable window's demand is summarised.
+    pub stable_aggregate: StableAggregate,
     /// Short window whose average triggers panic mode.
     #[serde(with = "secs")]
     pub panic_window: Duration,
@@ -67,6 +80,7 @@ impl Default for ScalingSpec {
             target_in_flight_per_replica: 8.0,
             scale_to_zero_after: Duration::from_secs(120),
             stable_window: Duration::from_secs(60),
+            stable_aggregate: StableAggregate::Mean,
             panic_window: Duration::from_secs(6),
             panic_threshold: 2.0,
             scale_down_delay: Duration::ZERO,
@@ -114,14 +128,17 @@ pub enum SpecError {
 impl ScalingSpec {
     /// The defaults with windows and delays scaled to a slow cold start `c` (GPU nodes,
     /// large images and weights): a replica cannot help sooner than `c`, so reacting to
-    /// bursts shorter than that only buys replicas that arrive after the burst. Stable window
-    /// and scale-down delay `5c` (at least 60 s), panic window a tenth of the stable window,
-    /// scale to zero after `10c` (at least 120 s), and at most doubling per decision.
+    /// bursts shorter than that only buys replicas that arrive after the burst; instead the
+    /// fleet keeps capacity for the highest demand of the stable window. Stable window and
+    /// scale-down delay `5c` (at least 60 s) sized on the window's peak, panic window a tenth
+    /// of the stable window, scale to zero after `10c` (at least 120 s), at most doubling
+    /// per decision.
     pub fn for_cold_start(c: Duration) -> Self {
         let stable = (c * 5).max(Duration::from_secs(60));
         Self {
             stable_window: stable,
             panic_window: stable / 10,
+            stable_aggregate: StableAggregate::Max,
             scale_down_delay: c * 5,
             scale_to_zero_after: (c * 10).max(Duration::from_secs(120)),
             max_scale_up_rate: 2.0,
@@ -210,6 +227,8 @@ mod tests {
             (slow.scale_down_delay, slow.scale_to_zero_after),
             (Duration::from_secs(300), Duration::from_secs(600))
         );
+        assert_eq!(slow.stable_aggregate, StableAggregate::Max);
+        assert_eq!(slow.max_scale_up_rate, 2.0);
         slow.validate().unwrap();
     }
 

@@ -57,6 +57,17 @@ impl Window {
         }
     }
 
+    /// Highest bucket average within `window` ending at `now`; `None` without samples.
+    pub fn max(&self, now: Duration, window: Duration) -> Option<f64> {
+        let index = now.as_millis() / BUCKET_MS;
+        let span = window.as_millis().div_ceil(BUCKET_MS).max(1);
+        self.buckets
+            .iter()
+            .filter(|b| b.index + span > index && b.index <= index)
+            .map(|b| b.sum / f64::from(b.count))
+            .reduce(f64::max)
+    }
+
     /// Mean of the bucket averages within `window` ending at `now`; `None` without samples.
     pub fn average(&self, now: Duration, window: Duration) -> Option<f64> {
         let index = now.as_millis() / BUCKET_MS;
@@ -106,6 +117,17 @@ mod tests {
         w.record(Duration::from_millis(600), 4.0);
         w.record(s(1), 9.0);
         assert_eq!(w.average(s(1), s(60)), Some((3.0 + 9.0) / 2.0));
+    }
+
+    #[test]
+    fn max_is_the_highest_bucket_in_the_window() {
+        let mut w = Window::new(s(60));
+        for (t, v) in [(0, 9.0), (10, 3.0), (20, 5.0)] {
+            w.record(s(t), v);
+        }
+        assert_eq!(w.max(s(20), s(60)), Some(9.0));
+        assert_eq!(w.max(s(20), s(15)), Some(5.0));
+        assert_eq!(w.max(s(100), s(15)), None);
     }
 
     #[test]

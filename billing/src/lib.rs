@@ -2,7 +2,8 @@
 //! invoices (design: "Metering and billing").
 //!
 //! - [`Ledger`]: one type over PostgreSQL and SQLite; idempotent batch ingest
-//!   ([`Ledger::record_batch`]), tenants and API keys, budgets, price versions, fleet usage,
+//!   ([`Ledger::record_batch`]), tenants and API keys, budgets, price versions (with
+//!   [`Ledger::reprice_unpriced`] for usage that came before its price), fleet usage,
 //!   reports, invoices and the platform view.
 //! - [`consumer`]: the metering loop over a [`consumer::UsageSource`] (ack after commit).
 //! - Pure logic with its own tests: [`money`] (units and the rounding rule), [`price`],

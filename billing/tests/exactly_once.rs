@@ -255,4 +255,96 @@ async fn stream_outage_only_delays(kind: Kind) {
     db.drop_db().await.unwrap();
 }
 
-on_both!(exactly_once_with_crashes, stream_outage_only_delays);
+/// Two consumers (two billing replicas) write the same events concurrently, in different
+/// orders: each event is still counted once.
+async fn concurrent_consumers_count_once(kind: Kind) {
+    let (db, ledger) = common::ledger(kind, "concurrent").await;
+    let mut rng = StdRng::seed_from_u64(11);
+    ledger
+        .set_price(
+            "m0",
+            start() - chrono::Duration::days(1),
+            Prices {
+                input_per_m: 1,
+                cached_input_per_m: 1,
+                output_per_m: 1,
+            },
+            start(),
+        )
+        .await
+        .unwrap();
+    let unique: Vec<UsageRecord> = events(&mut rng).into_iter().take(20_000).collect();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let mut order = unique.clone();
+        order.shuffle(&mut rng);
+        let stream = MemoryStream::new();
+        for e in order {
+            stream.push(e);
+        }
+        let l = ledger.clone();
+        tasks.push(tokio::spawn(async move {
+            let cfg = ConsumerConfig {
+                max_batch: 500,
+                initial_backoff: Duration::from_millis(5),
+                max_backoff: Duration::from_millis(50),
+            };
+            let mut source = stream.consumer();
+            let s = stream.clone();
+            consumer::run(&l, &mut source, &cfg, async move {
+                while !s.is_drained() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+        }));
+    }
+    let mut inserted = 0;
+    for t in tasks {
+        inserted += t.await.unwrap().unwrap().inserted;
+    }
+    assert_eq!(
+        inserted, 20_000,
+        "each event inserted by exactly one of the two"
+    );
+    let op = Principal::operator();
+    assert_eq!(ledger.event_count(&op).await.unwrap(), 20_000);
+    let versions = ledger.price_versions(None).await.unwrap();
+    let expected = aggregate(&price_records(unique, &versions)).unwrap();
+    let period = Period::new(
+        start().date_naive(),
+        start().date_naive() + chrono::Duration::days(5),
+    )
+    .unwrap();
+    let segments: i64 = ledger
+        .usage_rows(&op, None, period)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.totals.segments)
+        .sum();
+    assert_eq!(segments, 20_000);
+    let out: i64 = ledger
+        .usage_rows(&op, None, period)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.totals.output_tokens)
+        .sum();
+    assert_eq!(
+        out,
+        expected
+            .daily
+            .values()
+            .map(|t| t.output_tokens)
+            .sum::<i64>()
+    );
+    ledger.close().await;
+    db.drop_db().await.unwrap();
+}
+
+on_both!(
+    exactly_once_with_crashes,
+    stream_outage_only_delays,
+    concurrent_consumers_count_once
+);

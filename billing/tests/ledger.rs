@@ -654,9 +654,12 @@ async fn platform_view(kind: Kind) {
             price_per_hour_micros: per_hour,
             replica_ms: hours * 1_800_000,
         };
-        // Recorded in two halves: additive.
-        ledger.record_fleet_usage(&f).await.unwrap();
-        ledger.record_fleet_usage(&f).await.unwrap();
+        // Recorded in two half intervals; each reported twice (a controller retry).
+        for half in ["first", "second"] {
+            let id = format!("llama/{}/{half}", capacity.as_str());
+            assert!(ledger.record_fleet_usage(&id, &f).await.unwrap());
+            assert!(!ledger.record_fleet_usage(&id, &f).await.unwrap());
+        }
     }
     let r = ledger
         .platform_report(&op(), Period::new(day, day.succ_opt().unwrap()).unwrap())

@@ -15,6 +15,7 @@ const HEAD_DIM: usize = 64;
 const BLOCK: usize = 16;
 
 fn bench(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(2);
     let mut group = c.benchmark_group("paged_attention_decode");
     for &batch in &[1usize, 8] {
@@ -64,6 +65,23 @@ fn bench(c: &mut Criterion) {
         }
     }
     group.finish();
+}
+
+/// Times `iters` calls of `f` on a rayon worker thread, as the forward pass runs them (inside
+/// `ThreadPool::install`); called from outside the pool, every kernel call would also pay a
+/// cross-thread hand-off that is not the kernel's cost.
+fn in_pool(
+    pool: &rayon::ThreadPool,
+    iters: u64,
+    mut f: impl FnMut() + Send,
+) -> std::time::Duration {
+    pool.install(move || {
+        let start = std::time::Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        start.elapsed()
+    })
 }
 
 criterion_group!(benches, bench);

@@ -21,6 +21,7 @@ fn random_q4_1(r: &mut StdRng, n_blocks: usize) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(1);
     let mut group = c.benchmark_group("q4_1_matmul");
     for &(k, n) in &[(576, 576), (576, 192), (576, 1536), (1536, 576)] {
@@ -58,5 +59,61 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// The Q4_1 matmuls of one SmolLM2-135M decode step: 30 layers of q, k, v, o, gate, up, down
+/// (66 MB of weights, more than the L3 cache, so they stream from DRAM as in the real model).
+/// The embedding/LM head (Q8_0) and attention are not included.
+fn decode_step(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+    let mut r = StdRng::seed_from_u64(3);
+    let shapes = [
+        (576, 576),
+        (576, 192),
+        (576, 192),
+        (576, 576),
+        (576, 1536),
+        (576, 1536),
+        (1536, 576),
+    ];
+    let layers: Vec<Vec<Vec<u8>>> = (0..30)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(k, n)| random_q4_1(&mut r, n * k / QK))
+                .collect()
+        })
+        .collect();
+    let x: Vec<f32> = (0..1536).map(|_| r.random_range(-2.0..2.0)).collect();
+    let mut out = vec![0.0f32; 1536];
+    let kernel = DotKernel::detect();
+    c.bench_function("q4_1_decode_step_30_layers", |b| {
+        b.iter_custom(|iters| {
+            in_pool(&pool, iters, || {
+                for layer in &layers {
+                    for (w, &(k, n)) in layer.iter().zip(&shapes) {
+                        matmul_q4_1_with(kernel, black_box(&x[..k]), w, 1, k, n, &mut out[..n]);
+                    }
+                }
+            })
+        })
+    });
+}
+
+/// Times `iters` calls of `f` on a rayon worker thread, as the forward pass runs them (inside
+/// `ThreadPool::install`); called from outside the pool, every kernel call would also pay a
+/// cross-thread hand-off that is not the kernel's cost.
+fn in_pool(
+    pool: &rayon::ThreadPool,
+    iters: u64,
+    mut f: impl FnMut() + Send,
+) -> std::time::Duration {
+    pool.install(move || {
+        let start = std::time::Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        start.elapsed()
+    })
+}
+
+criterion_group!(benches, bench, decode_step);
 criterion_main!(benches);

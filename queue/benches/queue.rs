@@ -101,11 +101,9 @@ async fn main() {
     match RedisBroker::connect(&url, config).await {
         Ok(b) => {
             let b: Arc<dyn Broker> = Arc::new(b);
-            let r = round_trip(b.clone(), opts.clone())
-                .await
-                .expect("redis run");
-            print("redis", &opts, &r);
+            let r = round_trip(b.clone(), opts.clone()).await;
             delete_prefix(&url, &prefix).await;
+            print("redis", &opts, &r.expect("redis run"));
         }
         Err(e) => println!("redis: skipped ({e})"),
     }

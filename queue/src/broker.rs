@@ -70,7 +70,9 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Claims up to `max` jobs of `model` for `consumer` that no consumer got before,
     /// waiting up to `block` for the first one (zero: do not wait). May return fewer, or none
-    /// before `block` elapses, when delivered jobs were dropped by the start gate. Jobs stay pending for
+    /// before `block` elapses, when delivered jobs were dropped by the start gate.
+    /// Re-enqueued jobs come first. (Redis: a job re-enqueued while this claim is already
+    /// blocked waits for the next claim, at most `block` later.) Jobs stay pending for
     /// `consumer` until acked, re-enqueued or taken over.
     async fn claim(
         &self,

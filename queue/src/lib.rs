@@ -5,6 +5,10 @@
 //! groups (production) and [`MemoryBroker`] in process (`tidal up`, tests). Both pass one
 //! test suite (`tests/broker_suite.rs`). The rules they share (start gate, response fencing,
 //! ownership) are documented on [`broker`].
+//!
+//! Keys beyond design.md's list (see [`Keys`]): `{prefix}resume:{model}`, the stream of
+//! re-enqueued jobs that claims serve first, and `{prefix}state:{id}`, a request's start gate.
+//! Response events carry their seq in every variant, `done` and `error` included.
 
 pub mod bench;
 pub mod broker;

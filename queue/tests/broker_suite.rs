@@ -20,7 +20,6 @@ macro_rules! suite {
                 async fn $case() {
                     let h = crate::support::harness::RedisHarness::new().await;
                     crate::support::cases::$case(&h).await;
-                    h.cleanup().await;
                 }
             )*
         }

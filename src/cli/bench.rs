@@ -52,6 +52,16 @@ pub enum BenchCommand {
     },
     /// Memory read bandwidth of this machine (the ceiling for batch-1 decode).
     Bandwidth,
+    /// Ledger ingest: usage events/s batched versus one insert per event, side by side, in a
+    /// scratch database it creates and drops.
+    Billing {
+        /// Server URL (`postgres://user@host:port`) or `sqlite:` for a temporary SQLite file.
+        #[arg(long, env = "TIDAL_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432")]
+        database: String,
+        /// Events to ingest.
+        #[arg(long, default_value_t = 100_000)]
+        events: usize,
+    },
 }
 
 /// Runs one benchmark and prints its report as JSON lines.
@@ -99,6 +109,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let b = tokenizer.encode(" Question two: who may modify the program?", false);
             let report = bench::prefix_cache(&loaded.engine, &prefix, &a, &b)?;
             print(&serde_json::json!({"bench": "prefix", "report": report}));
+        }
+        BenchCommand::Billing { database, events } => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            let report = runtime.block_on(tidal_billing::bench::bench_ingest(&database, events))?;
+            print(&serde_json::json!({"bench": "billing", "report": report}));
         }
         BenchCommand::Bandwidth => {
             let gb = bench::memory_bandwidth_gb_per_s(1 << 30);

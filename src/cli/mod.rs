@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod engine_args;
 pub mod logging;
+pub mod report;
 pub mod runtime;

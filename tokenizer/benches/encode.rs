@@ -16,7 +16,10 @@ fn shared_dir() -> PathBuf {
 
 fn default_model() -> Option<PathBuf> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
-    let out = std::process::Command::new("bash").arg(script).output().ok()?;
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .ok()?;
     out.status
         .success()
         .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
@@ -30,6 +33,20 @@ fn prompt() -> String {
         fn main() { let x: Vec<u32> = (0..10).map(|i| i * 2).collect(); println!(\"{x:?}\"); }\n\
         <|im_end|>\n";
     para.repeat(12)
+}
+
+/// `n` words unique to `seed`: letters spelled from a counter, separated by spaces.
+fn fresh_words(seed: u64, n: u64) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        let mut k = seed * 1_000_003 + i;
+        out.push(' ');
+        while k > 0 {
+            out.push(char::from(b'a' + (k % 26) as u8));
+            k /= 26;
+        }
+    }
+    out
 }
 
 fn bench(c: &mut Criterion) {
@@ -57,6 +74,19 @@ fn bench(c: &mut Criterion) {
         group.throughput(Throughput::Elements(n as u64));
         group.bench_function(name.as_str(), |b| {
             b.iter(|| tok.encode(black_box(&text), true))
+        });
+        // Cold words: every iteration encodes words never seen before, so the word cache
+        // never hits (pessimistic: made-up words also merge less than real ones).
+        let mut counter = 0u64;
+        group.bench_function(format!("{name}/uncached_words"), |b| {
+            b.iter_batched(
+                || {
+                    counter += 1;
+                    fresh_words(counter, 600)
+                },
+                |t| tok.encode(&t, true),
+                criterion::BatchSize::SmallInput,
+            )
         });
         let ids = tok.encode(&text, true);
         group.bench_function(format!("{name}/stream_decode"), |b| {

@@ -8,8 +8,9 @@
 
 use crate::pretokenize::{byte_encode, PreTokenizer};
 use crate::vocab::Vocab;
+use ahash::AHashMap;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Mutex;
 
 /// Words longer than this (in bytes) are not cached: they are rare and would bloat the cache.
@@ -23,13 +24,16 @@ pub(crate) struct Bpe {
     pre: PreTokenizer,
     /// Every token text (id = token id) plus merge parts and results that are not tokens
     /// (ids from `n_vocab` up).
-    intern: HashMap<String, u32>,
+    intern: AHashMap<String, u32>,
     n_vocab: u32,
     /// (left, right) -> (rank, merged).
-    ranks: HashMap<(u32, u32), (u32, u32)>,
+    ranks: AHashMap<(u32, u32), (u32, u32)>,
     ignore_merges: bool,
-    cache: Mutex<HashMap<String, Vec<u32>>>,
+    cache: Mutex<AHashMap<String, Vec<u32>>>,
 }
+
+/// A mergeable adjacent pair: (rank, left index, right index, left id, right id).
+type Candidate = (u32, usize, usize, u32, u32);
 
 #[derive(Clone, Copy)]
 struct Symbol {
@@ -43,11 +47,11 @@ struct Symbol {
 
 impl Bpe {
     /// Builds the merge table from the vocabulary.
-    pub fn new(vocab: &Vocab, pre: PreTokenizer) -> Self {
+    pub fn new(vocab: &Vocab, merges: &[(String, String)], pre: PreTokenizer) -> Self {
         let mut intern = vocab.token_to_id.clone();
         let n_vocab = vocab.tokens.len() as u32;
         let mut next_id = n_vocab;
-        let mut id_of = |s: &str, intern: &mut HashMap<String, u32>| -> u32 {
+        let mut id_of = |s: &str, intern: &mut AHashMap<String, u32>| -> u32 {
             if let Some(&id) = intern.get(s) {
                 return id;
             }
@@ -55,8 +59,8 @@ impl Bpe {
             next_id += 1;
             next_id - 1
         };
-        let mut ranks = HashMap::with_capacity(vocab.merges.len());
-        for (rank, (a, b)) in vocab.merges.iter().enumerate() {
+        let mut ranks = AHashMap::with_capacity(merges.len());
+        for (rank, (a, b)) in merges.iter().enumerate() {
             if a.is_empty() || b.is_empty() {
                 continue;
             }
@@ -72,7 +76,7 @@ impl Bpe {
             n_vocab,
             ranks,
             ignore_merges: pre.ignores_merges(),
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(AHashMap::new()),
         }
     }
 
@@ -130,7 +134,7 @@ impl Bpe {
             last.next = None;
         }
         // Min-heap on (rank, left position); the ids detect pairs made stale by other merges.
-        let mut queue: BinaryHeap<Reverse<(u32, usize, usize, u32, u32)>> = BinaryHeap::new();
+        let mut queue: BinaryHeap<Reverse<Candidate>> = BinaryHeap::new();
         let push = |queue: &mut BinaryHeap<_>, symbols: &[Symbol], l: usize, r: usize| {
             if let (Some(a), Some(b)) = (symbols[l].id, symbols[r].id) {
                 if let Some(&(rank, _)) = self.ranks.get(&(a, b)) {

@@ -75,7 +75,9 @@ fn strip_generation_tags(src: &str) -> String {
         };
         let inner = &tag[2..close];
         let lead = inner.strip_prefix(['-', '+']).map_or("", |_| &inner[..1]);
-        let trail = inner.strip_suffix(['-', '+']).map_or("", |_| &inner[inner.len() - 1..]);
+        let trail = inner
+            .strip_suffix(['-', '+'])
+            .map_or("", |_| &inner[inner.len() - 1..]);
         let word = inner[lead.len()..inner.len() - trail.len()].trim();
         let replacement = match word {
             "generation" => Some("if true"),
@@ -107,10 +109,15 @@ impl ChatTemplate {
             .map_err(|e| ChatTemplateError::Syntax(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, "raise_exception")
-                .with_source(Raised(msg)))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(
+                    minijinja::Error::new(ErrorKind::InvalidOperation, "raise_exception")
+                        .with_source(Raised(msg)),
+                )
+            },
+        );
         env.add_function(
             "strftime_now",
             |state: &minijinja::State, fmt: String| -> Result<String, minijinja::Error> {
@@ -139,7 +146,7 @@ impl ChatTemplate {
             _ => return Err(ChatTemplateError::Missing),
         };
         let token_text = |key: &str| -> String {
-            let id = ct.metadata.get(key).and_then(|v| v.to_u32().ok());
+            let id = ct.metadata.get(key).and_then(crate::vocab::as_u64);
             match (id, ct.metadata.get("tokenizer.ggml.tokens")) {
                 (Some(id), Some(Value::Array(tokens))) => match tokens.get(id as usize) {
                     Some(Value::String(s)) => s.clone(),
@@ -213,7 +220,10 @@ mod tests {
             Err(ChatTemplateError::Raised(m)) => assert_eq!(m, "first message must be system"),
             other => panic!("unexpected {other:?}"),
         }
-        assert_eq!(t.render(&[ChatMessage::new("system", "x")], true).unwrap(), "ok");
+        assert_eq!(
+            t.render(&[ChatMessage::new("system", "x")], true).unwrap(),
+            "ok"
+        );
     }
 
     #[test]
@@ -224,7 +234,9 @@ mod tests {
             "",
         )
         .unwrap();
-        let out = t.render(&[ChatMessage::new("user", "  hi  ")], false).unwrap();
+        let out = t
+            .render(&[ChatMessage::new("user", "  hi  ")], false)
+            .unwrap();
         // trim_blocks eats the newline after `{% endif %}`, as in Jinja2.
         assert_eq!(out, "  USER:hi!");
     }
@@ -232,7 +244,10 @@ mod tests {
     #[test]
     fn strftime_now_uses_the_given_time() {
         let t = ChatTemplate::new("Today is {{ strftime_now('%d %b %Y') }}.", "", "").unwrap();
-        assert_eq!(t.render_at(&[], false, 1_721_999_109).unwrap(), "Today is 26 Jul 2024.");
+        assert_eq!(
+            t.render_at(&[], false, 1_721_999_109).unwrap(),
+            "Today is 26 Jul 2024."
+        );
     }
 
     #[test]
@@ -243,9 +258,16 @@ mod tests {
             "{% for m in messages %}[{%- if true -%} {{ m.content }} {%- endif %}]{% endfor %}"
         );
         let t = ChatTemplate::new(src, "", "").unwrap();
-        assert_eq!(t.render(&[ChatMessage::new("assistant", "x")], false).unwrap(), "[x]");
+        assert_eq!(
+            t.render(&[ChatMessage::new("assistant", "x")], false)
+                .unwrap(),
+            "[x]"
+        );
         // Other tags and unterminated text pass through unchanged.
-        assert_eq!(strip_generation_tags("{% if a %}b{% endif %}{%"), "{% if a %}b{% endif %}{%");
+        assert_eq!(
+            strip_generation_tags("{% if a %}b{% endif %}{%"),
+            "{% if a %}b{% endif %}{%"
+        );
     }
 
     #[test]

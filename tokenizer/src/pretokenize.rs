@@ -33,15 +33,20 @@ pub enum PreTokenizer {
 }
 
 impl PreTokenizer {
-    /// Maps `tokenizer.ggml.pre` to a pre-tokenizer, with llama.cpp's aliases; `None` if unknown.
+    /// Maps `tokenizer.ggml.pre` to a pre-tokenizer, with the llama.cpp aliases that use the
+    /// same regexes and no other vocabulary flags; `None` if unknown.
     pub fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "" | "default" => Self::Default,
             "gpt-2" | "gpt2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-            | "jina-v2-de" | "mpt" | "olmo" | "jais" => Self::Gpt2,
+            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "mpt" | "olmo" | "jais" => {
+                Self::Gpt2
+            }
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" => Self::Llama3,
-            "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "hunyuan" => Self::Qwen2,
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "hunyuan" => {
+                Self::Qwen2
+            }
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva-7b" => Self::Smollm,
             _ => return None,
@@ -55,7 +60,7 @@ impl PreTokenizer {
     }
 
     /// Splits `text` into words (sub-slices of `text`, in order, covering it exactly).
-    pub fn split<'a>(self, text: &'a str) -> Vec<&'a str> {
+    pub fn split(self, text: &str) -> Vec<&str> {
         let mut starts: Vec<usize> = Vec::with_capacity(text.len() + 1);
         let mut flags: Vec<u8> = Vec::with_capacity(text.len());
         let mut cpts: Vec<char> = Vec::with_capacity(text.len());
@@ -69,7 +74,10 @@ impl PreTokenizer {
             cpts: &cpts,
             flags: &flags,
         };
-        let all = vec![0..cpts.len()];
+        let all: [Range<usize>; 1] = [Range {
+            start: 0,
+            end: cpts.len(),
+        }];
         let ranges = match self {
             Self::Gpt2 => cx.gpt2(&all),
             Self::Llama3 => cx.llama3(&all, 3),
@@ -93,8 +101,7 @@ impl PreTokenizer {
                     (run > 0).then_some(run)
                 });
                 cx.scan(&numbers, |i, end| {
-                    (i + 3 <= end && (i..i + 3).all(|j| cx.cpts[j].is_ascii_digit()))
-                        .then_some(3)
+                    (i + 3 <= end && (i..i + 3).all(|j| cx.cpts[j].is_ascii_digit())).then_some(3)
                 })
             }
         };
@@ -413,12 +420,18 @@ mod tests {
 
     #[test]
     fn qwen2_splits_every_digit() {
-        assert_eq!(split(PreTokenizer::Qwen2, "x 123"), ["x", " ", "1", "2", "3"]);
+        assert_eq!(
+            split(PreTokenizer::Qwen2, "x 123"),
+            ["x", " ", "1", "2", "3"]
+        );
     }
 
     #[test]
     fn smollm_isolates_digits_then_applies_gpt2() {
-        assert_eq!(split(PreTokenizer::Smollm, "ab 12c"), ["ab", " ", "1", "2", "c"]);
+        assert_eq!(
+            split(PreTokenizer::Smollm, "ab 12c"),
+            ["ab", " ", "1", "2", "c"]
+        );
     }
 
     #[test]

@@ -14,7 +14,11 @@ pub(crate) enum Fragment<'a> {
 }
 
 /// Partitions `text` into raw-text fragments and special tokens.
-pub(crate) fn partition<'a>(vocab: &Vocab, text: &'a str, parse_special: bool) -> Vec<Fragment<'a>> {
+pub(crate) fn partition<'a>(
+    vocab: &Vocab,
+    text: &'a str,
+    parse_special: bool,
+) -> Vec<Fragment<'a>> {
     let mut frags = vec![Fragment::Text(text)];
     if text.is_empty() {
         return Vec::new();

@@ -54,7 +54,12 @@ impl StopMatcher {
         }
         self.held.push_str(chunk);
         // Earliest match wins: what precedes it is exactly what the client may see.
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let mut text = std::mem::take(&mut self.held);
             text.truncate(pos);
             self.stopped = true;
@@ -121,7 +126,10 @@ mod tests {
 
     #[test]
     fn stop_split_across_chunks() {
-        assert_eq!(feed(&["STOP"], &["abc S", "T", "OP tail"]), ("abc ".into(), true));
+        assert_eq!(
+            feed(&["STOP"], &["abc S", "T", "OP tail"]),
+            ("abc ".into(), true)
+        );
     }
 
     #[test]
@@ -130,7 +138,13 @@ mod tests {
         assert_eq!(m.push("foo EN").text, "foo ");
         let o = m.push("Dless");
         // "ENDless" contains END: stop with the text before it.
-        assert_eq!(o, StopOutput { text: String::new(), stopped: true });
+        assert_eq!(
+            o,
+            StopOutput {
+                text: String::new(),
+                stopped: true
+            }
+        );
         let mut m = StopMatcher::new(["END"]);
         assert_eq!(m.push("foo EN").text, "foo ");
         assert_eq!(m.push("X").text, "ENX");
@@ -146,13 +160,19 @@ mod tests {
 
     #[test]
     fn earliest_of_several_stops_wins() {
-        assert_eq!(feed(&["world", "lo w"], &["hello world"]), ("hel".into(), true));
+        assert_eq!(
+            feed(&["world", "lo w"], &["hello world"]),
+            ("hel".into(), true)
+        );
         assert_eq!(feed(&["bc", "abcd"], &["xab", "cd"]), ("x".into(), true));
     }
 
     #[test]
     fn no_stop_passes_everything_through() {
-        assert_eq!(feed(&["zzz"], &["ab", "cz", "z", "y"]), ("abczzy".into(), false));
+        assert_eq!(
+            feed(&["zzz"], &["ab", "cz", "z", "y"]),
+            ("abczzy".into(), false)
+        );
         assert_eq!(feed(&[], &["ab"]), ("ab".into(), false));
         assert_eq!(feed(&[""], &["ab"]), ("ab".into(), false));
     }
@@ -169,6 +189,12 @@ mod tests {
     fn after_stop_nothing_more_comes_out() {
         let mut m = StopMatcher::new(["x"]);
         assert!(m.push("ax").stopped);
-        assert_eq!(m.push("more"), StopOutput { text: String::new(), stopped: true });
+        assert_eq!(
+            m.push("more"),
+            StopOutput {
+                text: String::new(),
+                stopped: true
+            }
+        );
     }
 }

@@ -99,8 +99,15 @@ mod tests {
         toks.push(("<|eot|>".into(), 3));
         let refs: Vec<(&str, i32)> = toks.iter().map(|(t, ty)| (t.as_str(), *ty)).collect();
         let extra = vec![("tokenizer.ggml.eos_token_id", Value::U32(256))];
-        Tokenizer::from_gguf(&content("gpt2", Some("gpt-2"), &refs, None, &["x y"], extra))
-            .unwrap()
+        Tokenizer::from_gguf(&content(
+            "gpt2",
+            Some("gpt-2"),
+            &refs,
+            None,
+            &["x y"],
+            extra,
+        ))
+        .unwrap()
     }
 
     /// Token id of a raw byte in `byte_vocab`.

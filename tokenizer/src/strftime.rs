@@ -5,11 +5,27 @@
 /// conversions are copied unchanged.
 pub(crate) fn format_utc(unix_secs: i64, fmt: &str) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     const DAYS: [&str; 7] = [
-        "Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
     ];
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
@@ -85,11 +101,20 @@ mod tests {
 
     #[test]
     fn known_dates_format_like_strftime() {
-        assert_eq!(format_utc(0, "%Y-%m-%d %H:%M:%S %a %A"), "1970-01-01 00:00:00 Thu Thursday");
+        assert_eq!(
+            format_utc(0, "%Y-%m-%d %H:%M:%S %a %A"),
+            "1970-01-01 00:00:00 Thu Thursday"
+        );
         // 2024-07-26 (Llama 3.1's default date string), 13:05:09 UTC.
-        assert_eq!(format_utc(1_721_999_109, "%d %b %Y %H:%M:%S"), "26 Jul 2024 13:05:09");
+        assert_eq!(
+            format_utc(1_721_999_109, "%d %b %Y %H:%M:%S"),
+            "26 Jul 2024 13:05:09"
+        );
         // Leap day, day of year, 12-hour marker, two-digit year, literal percent.
-        assert_eq!(format_utc(951_782_400, "%j %B %e %p %y %%"), "060 February 29 AM 00 %");
+        assert_eq!(
+            format_utc(951_782_400, "%j %B %e %p %y %%"),
+            "060 February 29 AM 00 %"
+        );
         assert_eq!(format_utc(-1, "%Y-%m-%d %H:%M:%S"), "1969-12-31 23:59:59");
         assert_eq!(format_utc(0, "%Q %"), "%Q %");
     }

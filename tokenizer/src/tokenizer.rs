@@ -10,7 +10,6 @@ use crate::special::{partition, Fragment};
 use crate::spm;
 use crate::vocab::{attr, Vocab, VocabKind};
 use candle_core::quantized::gguf_file::Content;
-use std::collections::HashMap;
 use std::path::Path;
 
 pub use crate::vocab::VocabKind as Kind;
@@ -27,9 +26,11 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Builds the tokenizer from the `tokenizer.ggml.*` metadata of a parsed GGUF file.
     pub fn from_gguf(content: &Content) -> Result<Self, TokenizerError> {
-        let vocab = Vocab::from_gguf(content)?;
+        let mut vocab = Vocab::from_gguf(content)?;
+        // The merge list is only needed to build the BPE tables.
+        let merges = std::mem::take(&mut vocab.merges);
         let bpe = match vocab.kind {
-            VocabKind::Bpe(pre) => Some(Bpe::new(&vocab, pre)),
+            VocabKind::Bpe(pre) => Some(Bpe::new(&vocab, &merges, pre)),
             VocabKind::Spm => None,
         };
         let pieces = build_pieces(&vocab);
@@ -49,8 +50,10 @@ impl Tokenizer {
             path: path.display().to_string(),
             reason,
         };
-        let mut file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
-        let content = Content::read(&mut file).map_err(|e| read_err(e.to_string()))?;
+        let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+        // Buffered: the header is hundreds of thousands of small reads.
+        let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+        let content = Content::read(&mut reader).map_err(|e| read_err(e.to_string()))?;
         Self::from_gguf(&content)
     }
 
@@ -207,11 +210,14 @@ impl Tokenizer {
 /// Precomputes every token's bytes (llama.cpp's `cache_token_to_piece`).
 fn build_pieces(v: &Vocab) -> Vec<Vec<u8>> {
     let is_bpe = matches!(v.kind, VocabKind::Bpe(_));
-    let unbyte: HashMap<char, u8> = byte_to_char_table()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect();
+    // Reverse of the byte table; its code points are all below 0x200.
+    let mut unbyte_table = [None; 0x200];
+    for (b, &c) in byte_to_char_table().iter().enumerate() {
+        if let Some(slot) = unbyte_table.get_mut(c as usize) {
+            *slot = Some(b as u8);
+        }
+    }
+    let unbyte = |c: char| unbyte_table.get(c as usize).copied().flatten();
     v.tokens
         .iter()
         .zip(&v.attrs)
@@ -223,8 +229,8 @@ fn build_pieces(v: &Vocab) -> Vec<Vec<u8>> {
                     // Byte-level decoding; a character outside the table is kept as is.
                     let mut out = Vec::with_capacity(text.len());
                     for c in text.chars() {
-                        match unbyte.get(&c) {
-                            Some(&b) => out.push(b),
+                        match unbyte(c) {
+                            Some(b) => out.push(b),
                             None => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
                         }
                     }
@@ -239,10 +245,7 @@ fn build_pieces(v: &Vocab) -> Vec<Vec<u8>> {
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => vec![b],
-                    None => text
-                        .chars()
-                        .filter_map(|c| unbyte.get(&c).copied())
-                        .collect(),
+                    None => text.chars().filter_map(unbyte).collect(),
                 }
             } else {
                 Vec::new()
@@ -260,11 +263,8 @@ mod tests {
 
     /// A SentencePiece vocabulary with byte fallback; scores steer the merge order.
     pub(crate) fn spm() -> Tokenizer {
-        let mut toks: Vec<(String, i32)> = vec![
-            ("<unk>".into(), 2),
-            ("<s>".into(), 3),
-            ("</s>".into(), 3),
-        ];
+        let mut toks: Vec<(String, i32)> =
+            vec![("<unk>".into(), 2), ("<s>".into(), 3), ("</s>".into(), 3)];
         for b in 0..=255u8 {
             toks.push((format!("<0x{b:02X}>"), 6));
         }
@@ -381,6 +381,15 @@ mod tests {
         assert_eq!(t.encode_with("abc", false, false), [5]);
         let t = bpe("gpt-2", &["x y"]);
         assert_eq!(t.encode_with("abc", false, false), [0, 1, 2]);
+    }
+
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<crate::ChatTemplate>();
+        assert_send_sync::<StreamDecoder>();
+        assert_send_sync::<crate::StopMatcher>();
     }
 
     #[test]

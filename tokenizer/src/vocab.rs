@@ -6,8 +6,9 @@
 
 use crate::error::TokenizerError;
 use crate::pretokenize::PreTokenizer;
+use ahash::AHashMap;
 use candle_core::quantized::gguf_file::{Content, Value};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// Token attributes (llama.cpp's `llama_token_attr`, from the GGUF token type).
 pub(crate) mod attr {
@@ -69,7 +70,7 @@ const EOT_TEXTS: &[&str] = &[
 pub(crate) struct Vocab {
     pub kind: VocabKind,
     pub tokens: Vec<String>,
-    pub token_to_id: HashMap<String, u32>,
+    pub token_to_id: AHashMap<String, u32>,
     pub scores: Vec<f32>,
     pub attrs: Vec<u8>,
     pub merges: Vec<(String, String)>,
@@ -90,7 +91,8 @@ fn get<'a>(ct: &'a Content, key: &'static str) -> Option<&'a Value> {
     ct.metadata.get(key)
 }
 
-fn as_u64(v: &Value) -> Option<u64> {
+/// Any unsigned or non-negative integer value.
+pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
         Value::U8(x) => Some(u64::from(*x)),
         Value::U16(x) => Some(u64::from(*x)),
@@ -160,7 +162,11 @@ fn special_id(ct: &Content, key: &'static str, default: Option<u32>, n: usize) -
     match get(ct, key).and_then(as_u64) {
         Some(id) if (id as usize) < n => u32::try_from(id).ok(),
         Some(id) => {
-            tracing::warn!(key, id, "special token id out of vocabulary range, using default");
+            tracing::warn!(
+                key,
+                id,
+                "special token id out of vocabulary range, using default"
+            );
             default
         }
         None => default,
@@ -200,7 +206,14 @@ impl Vocab {
                 let pre = PreTokenizer::from_name(pre_name)
                     .ok_or_else(|| TokenizerError::UnsupportedPreTokenizer(pre_name.to_string()))?;
                 let add_bos = matches!(pre, PreTokenizer::Llama3);
-                (VocabKind::Bpe(pre), add_bos, false, Some(11), Some(11), None)
+                (
+                    VocabKind::Bpe(pre),
+                    add_bos,
+                    false,
+                    Some(11),
+                    Some(11),
+                    None,
+                )
             }
             "llama" => (VocabKind::Spm, true, true, Some(1), Some(2), Some(0)),
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
@@ -234,10 +247,12 @@ impl Vocab {
                 .map(|v| match v {
                     Value::F32(x) => Ok(*x),
                     Value::F64(x) => Ok(*x as f32),
-                    other => as_i64(other).map(|x| x as f32).ok_or(TokenizerError::BadMetadata {
-                        key: "tokenizer.ggml.scores",
-                        reason: "not a number".into(),
-                    }),
+                    other => as_i64(other)
+                        .map(|x| x as f32)
+                        .ok_or(TokenizerError::BadMetadata {
+                            key: "tokenizer.ggml.scores",
+                            reason: "not a number".into(),
+                        }),
                 })
                 .collect::<Result<_, _>>()?,
             Some(a) => {
@@ -273,9 +288,15 @@ impl Vocab {
         let tokens: Vec<String> = tokens
             .into_iter()
             .enumerate()
-            .map(|(i, t)| if t.is_empty() { format!("[EMPTY_{i}]") } else { t })
+            .map(|(i, t)| {
+                if t.is_empty() {
+                    format!("[EMPTY_{i}]")
+                } else {
+                    t
+                }
+            })
             .collect();
-        let mut token_to_id = HashMap::with_capacity(n);
+        let mut token_to_id = AHashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             // Last one wins on duplicate texts, as in llama.cpp's `token_to_id[word] = i`.
             token_to_id.insert(t.clone(), i as u32);
@@ -411,7 +432,14 @@ mod tests {
         let e = Vocab::from_gguf(&c).unwrap_err();
         assert!(matches!(&e, TokenizerError::UnsupportedModel(m) if m == "t5"));
         assert!(e.to_string().contains("`t5`"));
-        let c = content("gpt2", Some("chatglm-bpe"), &[("a", 1)], None, &["a a"], vec![]);
+        let c = content(
+            "gpt2",
+            Some("chatglm-bpe"),
+            &[("a", 1)],
+            None,
+            &["a a"],
+            vec![],
+        );
         let e = Vocab::from_gguf(&c).unwrap_err();
         assert!(e.to_string().contains("`chatglm-bpe`"), "{e}");
     }
@@ -465,8 +493,15 @@ mod tests {
             ("x", 1),
         ];
         let extra = vec![("tokenizer.ggml.eos_token_id", Value::U32(0))];
-        let v = Vocab::from_gguf(&content("gpt2", Some("gpt-2"), &toks, None, &["x x"], extra))
-            .unwrap();
+        let v = Vocab::from_gguf(&content(
+            "gpt2",
+            Some("gpt-2"),
+            &toks,
+            None,
+            &["x x"],
+            extra,
+        ))
+        .unwrap();
         assert_eq!(v.eog.iter().copied().collect::<Vec<_>>(), vec![0, 2, 3]);
         // The first matching end-of-turn text in llama.cpp's order.
         assert_eq!(v.eot, Some(3));
@@ -474,15 +509,26 @@ mod tests {
         assert_ne!(v.attrs[2] & attr::CONTROL, 0);
         // Specials are sorted longest first.
         assert_eq!(v.specials, vec![0, 1, 2, 3]);
-        let lens: Vec<usize> = v.specials.iter().map(|&i| v.tokens[i as usize].len()).collect();
+        let lens: Vec<usize> = v
+            .specials
+            .iter()
+            .map(|&i| v.tokens[i as usize].len())
+            .collect();
         assert!(lens.windows(2).all(|w| w[0] >= w[1]));
     }
 
     #[test]
     fn merges_split_at_first_space_after_first_byte() {
         let toks = [("Ġ", 1), ("Ġa", 1), ("a", 1), (" ", 1), ("  ", 1)];
-        let v = Vocab::from_gguf(&content("gpt2", Some("gpt-2"), &toks, None, &["Ġ a", "   "], vec![]))
-            .unwrap();
+        let v = Vocab::from_gguf(&content(
+            "gpt2",
+            Some("gpt-2"),
+            &toks,
+            None,
+            &["Ġ a", "   "],
+            vec![],
+        ))
+        .unwrap();
         assert_eq!(v.merges[0], ("Ġ".to_string(), "a".to_string()));
         // "   " splits as (" ", " "): the search starts after the first byte.
         assert_eq!(v.merges[1], (" ".to_string(), " ".to_string()));

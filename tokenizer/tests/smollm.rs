@@ -26,7 +26,9 @@ fn tok() -> &'static Tokenizer {
 fn metadata_matches_the_model() {
     let t = tok();
     assert_eq!(t.vocab_size(), 49152);
-    assert!(matches!(t.kind(), Kind::Bpe(p) if p == tidal_tokenizer::pretokenize::PreTokenizer::Smollm));
+    assert!(
+        matches!(t.kind(), Kind::Bpe(p) if p == tidal_tokenizer::pretokenize::PreTokenizer::Smollm)
+    );
     assert_eq!(t.bos_id(), Some(1));
     assert_eq!(t.eos_id(), Some(2));
     assert!(!t.add_bos());
@@ -49,7 +51,10 @@ fn capital_of_france_round_trips() {
 #[test]
 fn digits_are_split_one_by_one() {
     let ids = tok().encode("In 2024, 1234 people", false);
-    assert_eq!(ids, [788, 216, 34, 32, 34, 36, 28, 216, 33, 34, 35, 36, 701]);
+    assert_eq!(
+        ids,
+        [788, 216, 34, 32, 34, 36, 28, 216, 33, 34, 35, 36, 701]
+    );
 }
 
 #[test]
@@ -72,7 +77,10 @@ fn stream_decoding_holds_back_split_emoji_and_cjk() {
     let t = tok();
     let text = "🦙 日本語 café";
     let ids = t.encode(text, false);
-    assert_eq!(ids, [10813, 116, 243, 17097, 241, 115, 40993, 179, 120, 248, 37366]);
+    assert_eq!(
+        ids,
+        [10813, 116, 243, 17097, 241, 115, 40993, 179, 120, 248, 37366]
+    );
     let mut dec = StreamDecoder::new();
     let chunks: Vec<String> = ids.iter().map(|&id| dec.push(t, id)).collect();
     // 🦙 is three tokens: nothing comes out until its last byte arrives.
@@ -121,7 +129,10 @@ fn chat_template_renders_chatml_exactly() {
     // With a system message of its own, no default system prompt is added.
     let out = tmpl
         .render(
-            &[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")],
+            &[
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "Hi"),
+            ],
             false,
         )
         .unwrap();

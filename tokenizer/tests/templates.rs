@@ -26,9 +26,17 @@ fn every_stored_template_renders_a_plain_conversation() {
         ("microsoft-Phi-3.5-mini-instruct", "<s>", "<|endoftext|>"),
         ("google-gemma-2-2b-it", "<bos>", "<eos>"),
         ("Qwen-Qwen2.5-7B-Instruct", "", "<|im_end|>"),
-        ("meta-llama-Llama-3.2-3B-Instruct", "<|begin_of_text|>", "<|eot_id|>"),
+        (
+            "meta-llama-Llama-3.2-3B-Instruct",
+            "<|begin_of_text|>",
+            "<|eot_id|>",
+        ),
         ("mistralai-Mistral-Nemo-Instruct-2407", "<s>", "</s>"),
-        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
+        (
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+        ),
         ("HuggingFaceTB-SmolLM3-3B", "", "<|im_end|>"),
         ("Qwen-Qwen3-0.6B", "", "<|im_end|>"),
     ];
@@ -78,7 +86,10 @@ fn gemma2_raises_on_system_role_and_non_alternating_turns() {
         "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\nHello! How can I help?<end_of_turn>\n\
          <start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"
     );
-    let sys = [ChatMessage::new("system", "x"), ChatMessage::new("user", "y")];
+    let sys = [
+        ChatMessage::new("system", "x"),
+        ChatMessage::new("user", "y"),
+    ];
     match t.render(&sys, true) {
         Err(ChatTemplateError::Raised(m)) => assert_eq!(m, "System role not supported"),
         other => panic!("unexpected {other:?}"),
@@ -86,7 +97,10 @@ fn gemma2_raises_on_system_role_and_non_alternating_turns() {
     let twice = [ChatMessage::new("user", "a"), ChatMessage::new("user", "b")];
     match t.render(&twice, true) {
         Err(ChatTemplateError::Raised(m)) => {
-            assert_eq!(m, "Conversation roles must alternate user/assistant/user/assistant/...")
+            assert_eq!(
+                m,
+                "Conversation roles must alternate user/assistant/user/assistant/..."
+            )
         }
         other => panic!("unexpected {other:?}"),
     }

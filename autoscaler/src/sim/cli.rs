@@ -4,7 +4,7 @@ use super::engine::FleetConfig;
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
 use super::{simulate, spot_outages, svg, SimConfig, SimReport};
-use crate::spec::{CapacityMode, ScalingSpec};
+use crate::spec::{CapacityMode, ScalingSpec, StableAggregate};
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -101,6 +101,9 @@ pub struct SimArgs {
     /// Our policy: stable window, seconds (the panic window is a tenth of it).
     #[arg(long, default_value_t = 60.0)]
     pub stable_window_s: f64,
+    /// Our policy: size stable mode on the window's peak instead of its mean.
+    #[arg(long)]
+    pub stable_max: bool,
     /// Our policy: max scale-up rate per decision, relative to ready replicas.
     #[arg(long, default_value_t = 1000.0)]
     pub max_scale_up_rate: f64,
@@ -200,6 +203,11 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         scale_to_zero_after: secs(args.scale_to_zero_after_s, "--scale-to-zero-after-s")?,
         fallback_after: secs(args.fallback_after_s, "--fallback-after-s")?,
         max_scale_up_rate: args.max_scale_up_rate,
+        stable_aggregate: if args.stable_max {
+            StableAggregate::Max
+        } else {
+            StableAggregate::Mean
+        },
         scale_down_delay: secs(args.scale_down_delay_s, "--scale-down-delay-s")?,
         stable_window: secs(args.stable_window_s, "--stable-window-s")?,
         panic_window: secs(args.stable_window_s / 10.0, "--stable-window-s")?,

@@ -1,9 +1,8 @@
 //! Whole-simulator properties: determinism, conservation, the oracle bound and small
 //! scenarios whose results are computed by hand.
 
-use super::scalers::{knative_kpa, AlwaysOn, Keda, Ours, Scaler};
+use super::scalers::{knative_kpa, AlwaysOn, Keda, Ours};
 use super::*;
-use crate::observed::Observed;
 use crate::spec::CapacityMode;
 
 fn tiny_profile() -> ServiceProfile {
@@ -306,55 +305,6 @@ fn target_check_reads_the_rows() {
     assert!(!check_target(&[row("ours", 140, 0.999)], "ours").met);
     assert!(!check_target(&[row("ours", 120, 0.98)], "ours").met);
     assert!(!check_target(&[row("ours", 100, 1.0)], "ours-missing").met);
-}
-
-#[test]
-#[ignore]
-fn debug_trace() {
-    struct Dbg(Ours);
-    impl Scaler for Dbg {
-        fn name(&self) -> &str {
-            "dbg"
-        }
-        fn interval(&self) -> Duration {
-            self.0.interval()
-        }
-        fn desired(&mut self, m: &Observed, now: Duration) -> scalers::Desired {
-            let d = self.0.desired(m, now);
-            if now.as_secs() < 330 && (m.demand() > 0 || d.spot > 0) && now.as_millis() % 5000 == 0
-            {
-                eprintln!(
-                    "{:?} b={} f={} ready={} starting={} pend={} -> {:?}",
-                    now.as_secs(),
-                    m.backlog,
-                    m.in_flight,
-                    m.ready(),
-                    m.spot.starting,
-                    m.spot.pending_since.len(),
-                    d
-                );
-            }
-            d
-        }
-    }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/traces/azure-llm-2023-code.csv");
-    let reqs = trace::thin(&trace::load_csv(&path).unwrap(), 0.05, 1);
-    let p = ServiceProfile::cpu_smollm2();
-    let spec = ScalingSpec {
-        target_in_flight_per_replica: 1.0,
-        max_replicas: 200,
-        ..ScalingSpec::for_cold_start(Duration::from_secs(30))
-    };
-    let f = FleetConfig {
-        interruptions_per_hour: 0.0,
-        ..fleet(p)
-    };
-    run_policy(
-        &reqs,
-        &f,
-        &mut Dbg(Ours::new("x", spec, Duration::from_secs(1))),
-    );
 }
 
 #[test]

@@ -121,25 +121,52 @@ impl Ledger {
         })
     }
 
-    /// Adds fleet time (the controller reports each interval once; this call is additive).
-    pub async fn record_fleet_usage(&self, usage: &FleetUsage) -> Result<()> {
-        if usage.replica_ms < 0 || usage.price_per_hour_micros < 0 || usage.model.is_empty() {
-            return Err(Error::Invalid(format!("bad fleet usage {usage:?}")));
+    /// Records one interval of fleet time, idempotent on `interval_id` (e.g.
+    /// `{model}/{capacity}/{window start}`): a repeated report changes nothing. Returns
+    /// whether the interval was new.
+    pub async fn record_fleet_usage(&self, interval_id: &str, usage: &FleetUsage) -> Result<bool> {
+        if usage.replica_ms < 0
+            || usage.price_per_hour_micros < 0
+            || usage.model.is_empty()
+            || interval_id.is_empty()
+        {
+            return Err(Error::Invalid(format!(
+                "bad fleet usage {interval_id:?} {usage:?}"
+            )));
         }
-        on_pool!(self, |pool, Db| {
-            sqlx::query(
-                "INSERT INTO fleet_usage (model_id, capacity, day, price_per_hour_micros, replica_ms) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model_id, capacity, day, price_per_hour_micros) \
-                 DO UPDATE SET replica_ms = fleet_usage.replica_ms + excluded.replica_ms",
+        let new = on_pool!(self, |pool, Db| {
+            let mut tx = pool.begin().await?;
+            let new = sqlx::query(
+                "INSERT INTO fleet_intervals (id, model_id, capacity, day, price_per_hour_micros, replica_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
             )
+            .bind(interval_id)
             .bind(usage.model.as_str())
             .bind(usage.capacity.as_str())
             .bind(usage.day)
             .bind(usage.price_per_hour_micros)
             .bind(usage.replica_ms)
-            .execute(pool)
-            .await?;
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+                == 1;
+            if new {
+                sqlx::query(
+                    "INSERT INTO fleet_usage (model_id, capacity, day, price_per_hour_micros, replica_ms) \
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (model_id, capacity, day, price_per_hour_micros) \
+                     DO UPDATE SET replica_ms = fleet_usage.replica_ms + excluded.replica_ms",
+                )
+                .bind(usage.model.as_str())
+                .bind(usage.capacity.as_str())
+                .bind(usage.day)
+                .bind(usage.price_per_hour_micros)
+                .bind(usage.replica_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await?;
+            new
         });
-        Ok(())
+        Ok(new)
     }
 }

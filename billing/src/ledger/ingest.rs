@@ -67,57 +67,57 @@ pub(super) use load_versions;
 /// transaction `$tx` (negative totals subtract).
 macro_rules! apply_deltas {
     ($tx:ident, $db:ty, $deltas:expr) => {{
-            let daily: Vec<_> = $deltas.daily.iter().collect();
-            for chunk in daily.chunks(AGG_CHUNK) {
-                let mut qb = QueryBuilder::<$db>::new(
-                    "INSERT INTO daily_usage (tenant_id, model_id, day, capacity, price_version_id, \
-                     segments, input_tokens, cached_input_tokens, output_tokens) ",
-                );
-                qb.push_values(chunk, |mut b, (k, t)| {
-                    b.push_bind(k.tenant.as_str())
-                        .push_bind(k.model.as_str())
-                        .push_bind(k.day)
-                        .push_bind(k.capacity.as_str())
-                        .push_bind(k.price_version_id)
-                        .push_bind(t.segments)
-                        .push_bind(t.input_tokens)
-                        .push_bind(t.cached_input_tokens)
-                        .push_bind(t.output_tokens);
-                });
-                qb.push(
-                    " ON CONFLICT (tenant_id, model_id, day, capacity, price_version_id) DO UPDATE SET \
-                     segments = daily_usage.segments + excluded.segments, \
-                     input_tokens = daily_usage.input_tokens + excluded.input_tokens, \
-                     cached_input_tokens = daily_usage.cached_input_tokens + excluded.cached_input_tokens, \
-                     output_tokens = daily_usage.output_tokens + excluded.output_tokens",
-                );
-                qb.build().execute(&mut *$tx).await?;
-            }
+        let daily: Vec<_> = $deltas.daily.iter().collect();
+        for chunk in daily.chunks(AGG_CHUNK) {
+            let mut qb = QueryBuilder::<$db>::new(
+                "INSERT INTO daily_usage (tenant_id, model_id, day, capacity, price_version_id, \
+                 segments, input_tokens, cached_input_tokens, output_tokens) ",
+            );
+            qb.push_values(chunk, |mut b, (k, t)| {
+                b.push_bind(k.tenant.as_str())
+                    .push_bind(k.model.as_str())
+                    .push_bind(k.day)
+                    .push_bind(k.capacity.as_str())
+                    .push_bind(k.price_version_id)
+                    .push_bind(t.segments)
+                    .push_bind(t.input_tokens)
+                    .push_bind(t.cached_input_tokens)
+                    .push_bind(t.output_tokens);
+            });
+            qb.push(
+                " ON CONFLICT (tenant_id, model_id, day, capacity, price_version_id) DO UPDATE SET \
+                 segments = daily_usage.segments + excluded.segments, \
+                 input_tokens = daily_usage.input_tokens + excluded.input_tokens, \
+                 cached_input_tokens = daily_usage.cached_input_tokens + excluded.cached_input_tokens, \
+                 output_tokens = daily_usage.output_tokens + excluded.output_tokens",
+            );
+            qb.build().execute(&mut *$tx).await?;
+        }
 
-            let spend = $deltas
-                .spend
-                .iter()
-                .map(|((tenant, month), picos)| {
-                    i64::try_from(*picos)
-                        .map(|p| (tenant.as_str(), month.to_string(), p))
-                        .map_err(|_| Error::Overflow("tenant spend in picos"))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            for chunk in spend.chunks(AGG_CHUNK) {
-                let mut qb = QueryBuilder::<$db>::new(
-                    "INSERT INTO tenant_spend (tenant_id, month, spent_pico) ",
-                );
-                qb.push_values(chunk, |mut b, (tenant, month, picos)| {
-                    b.push_bind(*tenant)
-                        .push_bind(month.as_str())
-                        .push_bind(*picos);
-                });
-                qb.push(
-                    " ON CONFLICT (tenant_id, month) DO UPDATE SET \
-                     spent_pico = tenant_spend.spent_pico + excluded.spent_pico",
-                );
-                qb.build().execute(&mut *$tx).await?;
-            }
+        let spend = $deltas
+            .spend
+            .iter()
+            .map(|((tenant, month), picos)| {
+                i64::try_from(*picos)
+                    .map(|p| (tenant.as_str(), month.to_string(), p))
+                    .map_err(|_| Error::Overflow("tenant spend in picos"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for chunk in spend.chunks(AGG_CHUNK) {
+            let mut qb = QueryBuilder::<$db>::new(
+                "INSERT INTO tenant_spend (tenant_id, month, spent_pico) ",
+            );
+            qb.push_values(chunk, |mut b, (tenant, month, picos)| {
+                b.push_bind(*tenant)
+                    .push_bind(month.as_str())
+                    .push_bind(*picos);
+            });
+            qb.push(
+                " ON CONFLICT (tenant_id, month) DO UPDATE SET \
+                 spent_pico = tenant_spend.spent_pico + excluded.spent_pico",
+            );
+            qb.build().execute(&mut *$tx).await?;
+        }
     }};
 }
 pub(super) use apply_deltas;

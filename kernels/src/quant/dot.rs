@@ -162,25 +162,33 @@ mod avx2 {
         // Two accumulator sets (even and odd blocks) halve the FMA dependency chain.
         let mut acc0 = [_mm256_setzero_ps(); R];
         let mut acc1 = [_mm256_setzero_ps(); R];
-        let mut summs = [0.0f32; R];
+        // Separate offset sums too: one scalar add chain per block would bound the loop.
+        let mut summs0 = [0.0f32; R];
+        let mut summs1 = [0.0f32; R];
         let mut blocks = w.chunks_exact(2 * Q4_1_BLOCK_BYTES);
         let mut b = 0;
         for pair in &mut blocks {
             // SAFETY: features guaranteed by the caller; b + 1 < nb.
             unsafe {
-                block(&pair[..Q4_1_BLOCK_BYTES], &xs, b, &mut acc0, &mut summs);
-                block(&pair[Q4_1_BLOCK_BYTES..], &xs, b + 1, &mut acc1, &mut summs);
+                block(&pair[..Q4_1_BLOCK_BYTES], &xs, b, &mut acc0, &mut summs0);
+                block(
+                    &pair[Q4_1_BLOCK_BYTES..],
+                    &xs,
+                    b + 1,
+                    &mut acc1,
+                    &mut summs1,
+                );
             }
             b += 2;
         }
         let rest = blocks.remainder();
         if !rest.is_empty() {
             // SAFETY: as above; b is the last block.
-            unsafe { block(rest, &xs, b, &mut acc0, &mut summs) };
+            unsafe { block(rest, &xs, b, &mut acc0, &mut summs0) };
         }
         let mut out = [0.0f32; R];
         for r in 0..R {
-            out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + summs[r];
+            out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + (summs0[r] + summs1[r]);
         }
         out
     }

@@ -119,26 +119,28 @@ pub async fn ensure_redis() -> String {
 }
 
 /// Deletes every key under `prefix` (never anything else: the server is shared).
-pub async fn delete_prefix(url: &str, prefix: &str) {
-    let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+/// Synchronous, so it can run from `Drop` when a test panics.
+pub fn delete_prefix(url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut c) = client.get_connection() else {
+        return;
+    };
     let mut cursor: u64 = 0;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        let Ok((next, keys)) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(format!("{prefix}*"))
             .arg("COUNT")
             .arg(1000)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+            .query::<(u64, Vec<String>)>(&mut c)
+        else {
+            return;
+        };
         if !keys.is_empty() {
-            redis::cmd("DEL")
-                .arg(&keys)
-                .query_async::<i64>(&mut c)
-                .await
-                .unwrap();
+            let _ = redis::cmd("DEL").arg(&keys).query::<i64>(&mut c);
         }
         if next == 0 {
             break;
@@ -169,10 +171,12 @@ impl RedisHarness {
             prefix,
         }
     }
+}
 
-    /// Deletes this test's keys.
-    pub async fn cleanup(&self) {
-        delete_prefix(&self.url, &self.prefix).await;
+impl Drop for RedisHarness {
+    /// Deletes this test's keys, also when the test failed.
+    fn drop(&mut self) {
+        delete_prefix(&self.url, &self.prefix);
     }
 }
 

@@ -61,6 +61,16 @@ impl Model {
         Ok(Self { config, weights, rope })
     }
 
+    /// Whether every matrix is read in place from the memory-mapped file.
+    pub fn all_weights_mapped(&self) -> bool {
+        self.weights.matrices().all(|w| w.is_mapped())
+    }
+
+    /// Bytes of weight matrices a decode step reads.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.matrices().map(|w| w.bytes().len()).sum()
+    }
+
     /// Hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config

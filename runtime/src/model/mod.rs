@@ -10,6 +10,7 @@ mod error;
 mod file;
 mod forward;
 mod kv_storage;
+mod tiny;
 mod weight;
 mod weights;
 
@@ -18,4 +19,5 @@ pub use error::ModelError;
 pub use file::ModelFile;
 pub use forward::{ForwardBatch, ForwardSeq, Model};
 pub use kv_storage::KvStorage;
+pub use tiny::{write_tiny_gguf, TinyModelError, TinySpec};
 pub use weight::{QuantizeTo, Weight};

@@ -145,6 +145,11 @@ impl Weight {
         }
     }
 
+    /// Whether the bytes are read in place from the memory-mapped file (no copy at load).
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
     /// Tensor name in the GGUF file.
     pub fn name(&self) -> &str {
         &self.name
@@ -180,6 +185,11 @@ impl Weight {
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), ModelError> {
         debug_assert_eq!(x.len(), m * self.cols);
         debug_assert!(out.len() >= m * self.rows);
+        if self.dtype == GgmlDType::Q4_1 {
+            // candle's Q4_1 dot product is scalar; ours is AVX2 with a portable fallback.
+            tidal_kernels::matmul_q4_1(x, self.bytes(), m, self.cols, self.rows, out);
+            return Ok(());
+        }
         let mkn = (m, self.cols, self.rows);
         with_block_type!(self.dtype, T => {
             k_quants::matmul::<T>(mkn, x, blocks::<T>(self.bytes()), out)

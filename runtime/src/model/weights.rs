@@ -93,6 +93,12 @@ impl ModelWeights {
         })
     }
 
+    /// Every matrix (the large tensors; norms and biases are small f32 copies).
+    pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        std::iter::once(&self.token_embedding).chain(self.output.as_ref()).chain(layers)
+    }
+
     /// The matrix that produces logits.
     pub fn lm_head(&self) -> &Weight {
         self.output.as_ref().unwrap_or(&self.token_embedding)

@@ -189,11 +189,8 @@ mod tests {
     #[test]
     fn greedy_takes_argmax_with_ties_to_lowest_id() {
         let mut s = Sampler::new(params(0.0, 1));
-        assert_eq!(s.sample(&mut vec![1.0, 3.0, 2.0, 3.0], &[], &[]).id, 1);
-        assert_eq!(
-            s.sample(&mut vec![f32::NAN, -1.0, f32::NAN], &[], &[]).id,
-            1
-        );
+        assert_eq!(s.sample(&mut [1.0, 3.0, 2.0, 3.0], &[], &[]).id, 1);
+        assert_eq!(s.sample(&mut [f32::NAN, -1.0, f32::NAN], &[], &[]).id, 1);
         assert_eq!(argmax(&[]), 0);
     }
 
@@ -214,13 +211,13 @@ mod tests {
         };
         let mut s = Sampler::new(p);
         // Token 0 generated twice: 5 - 2 = 3 < 4.
-        assert_eq!(s.sample(&mut vec![5.0, 4.0], &[], &[0, 0]).id, 1);
+        assert_eq!(s.sample(&mut [5.0, 4.0], &[], &[0, 0]).id, 1);
         let r = SamplingParams {
             repetition_penalty: 2.0,
             ..params(0.0, 1)
         };
         // Token 0 in the prompt: 5 / 2 = 2.5 < 4.
-        assert_eq!(Sampler::new(r).sample(&mut vec![5.0, 4.0], &[0], &[]).id, 1);
+        assert_eq!(Sampler::new(r).sample(&mut [5.0, 4.0], &[0], &[]).id, 1);
     }
 
     #[test]

@@ -1,0 +1,98 @@
+//! The Q4_1 kernels on the real weights of the default model (SmolLM2-135M Q4_1). Ignored by
+//! default because it needs the model file: run `scripts/fetch-model.sh`, then
+//! `cargo test -p tidal-kernels --test real_model -- --ignored` (TIDAL_MODEL overrides the path).
+
+use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::k_quants::{self, BlockQ4_1, GgmlType};
+use candle_core::quantized::GgmlDType;
+use rand::{Rng, SeedableRng};
+use std::io::{Read, Seek, SeekFrom};
+use tidal_kernels::{dequantize_q4_1, matmul_q4_1, Q4_1_BLOCK_BYTES, QK};
+
+fn model_path() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("TIDAL_MODEL") {
+        return p.into();
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    std::path::Path::new(&home).join(".cache/tidal/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+#[test]
+#[ignore = "needs the model file (scripts/fetch-model.sh)"]
+fn q4_1_kernels_match_candle_on_real_weights() {
+    let mut f = std::fs::File::open(model_path()).expect("model file");
+    let content = Content::read(&mut f).unwrap();
+    let mut names: Vec<&String> = content
+        .tensor_infos
+        .iter()
+        .filter(|(n, t)| {
+            t.ggml_dtype == GgmlDType::Q4_1 && (n.starts_with("blk.0.") || n.starts_with("blk.29."))
+        })
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    let mut others: Vec<String> = content
+        .tensor_infos
+        .iter()
+        .filter(|(_, t)| t.ggml_dtype != GgmlDType::Q4_1)
+        .map(|(n, t)| format!("{n}: {:?} {:?}", t.ggml_dtype, t.shape.dims()))
+        .collect();
+    others.sort();
+    eprintln!("tensors not in Q4_1 (excluding norms of every layer past 0):");
+    for o in others
+        .iter()
+        .filter(|o| !o.starts_with("blk.") || o.starts_with("blk.0."))
+    {
+        eprintln!("  {o}");
+    }
+    assert!(
+        names.len() >= 7,
+        "expected the Q4_1 matrices of two layers, found {names:?}"
+    );
+    let mut r = rand::rngs::StdRng::seed_from_u64(3);
+    for name in names {
+        let info = &content.tensor_infos[name];
+        let dims = info.shape.dims();
+        let k = dims[dims.len() - 1];
+        let n = info.shape.elem_count() / k;
+        let mut w = vec![0u8; n * k / QK * Q4_1_BLOCK_BYTES];
+        f.seek(SeekFrom::Start(content.tensor_data_offset + info.offset))
+            .unwrap();
+        f.read_exact(&mut w).unwrap();
+        let mut blocks = vec![BlockQ4_1::zeros(); n * k / QK];
+        // SAFETY: BlockQ4_1 is #[repr(C)] {f16, f16, [u8; 16]} (20 bytes), the ggml layout.
+        assert_eq!(std::mem::size_of::<BlockQ4_1>(), Q4_1_BLOCK_BYTES);
+        unsafe {
+            std::ptr::copy_nonoverlapping(w.as_ptr(), blocks.as_mut_ptr() as *mut u8, w.len())
+        };
+
+        // Dequantisation agrees bit for bit with candle's (= ggml's).
+        let mut ours = vec![0.0; n * k];
+        dequantize_q4_1(&w, &mut ours);
+        let mut theirs = vec![0.0; n * k];
+        BlockQ4_1::to_float(&blocks, &mut theirs);
+        assert_eq!(ours, theirs, "{name}: dequantisation differs");
+
+        // The matmul agrees with candle's within f16 rounding of candle's Q8_1 scales.
+        for m in [1usize, 5] {
+            let x: Vec<f32> = (0..m * k).map(|_| r.random_range(-3.0..3.0)).collect();
+            let mut out = vec![0.0; m * n];
+            matmul_q4_1(&x, &w, m, k, n, &mut out);
+            let mut cand = vec![0.0; m * n];
+            k_quants::matmul((m, k, n), &x, &blocks, &mut cand).unwrap();
+            let scale = out.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+            let worst = out
+                .iter()
+                .zip(&cand)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                worst <= 2e-3 * scale,
+                "{name} m={m}: worst difference {worst} (scale {scale})"
+            );
+            eprintln!(
+                "{name} [{n}x{k}] m={m}: max |ours - candle| = {worst:.2e} (max |out| {scale:.2})"
+            );
+        }
+    }
+}

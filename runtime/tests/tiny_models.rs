@@ -1,0 +1,149 @@
+//! The forward pass on tiny generated GGUF models: loading, architectures, refusals, and the
+//! paged-KV consistency of prefill, chunked prefill and token-by-token decode.
+
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::GgmlDType;
+use tidal_runtime::model::{
+    write_tiny_gguf, Architecture, ForwardBatch, ForwardSeq, KvStorage, Model, ModelError, ModelFile, QuantizeTo, TinySpec,
+};
+
+fn tiny(spec: &TinySpec) -> (tempdir::Dir, ModelFile) {
+    let dir = tempdir::Dir::new();
+    let path = dir.path.join("tiny.gguf");
+    write_tiny_gguf(&path, spec).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    (dir, file)
+}
+
+mod tempdir {
+    /// A temporary directory removed on drop.
+    pub struct Dir {
+        pub path: std::path::PathBuf,
+    }
+    impl Dir {
+        pub fn new() -> Self {
+            let path = std::env::temp_dir().join(format!("tidal-test-{}", uuid::Uuid::now_v7()));
+            std::fs::create_dir_all(&path).unwrap();
+            Self { path }
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Logits of the last prompt token computed three ways must agree: one prefill, two chunks,
+/// and token by token (each step reading earlier positions from the paged cache). Block
+/// tables are deliberately scattered so pages are not contiguous.
+fn check_paths_agree(model: &Model) {
+    let c = model.config();
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 7 % (c.vocab_size as u32 - 2)) + 2).collect();
+    let block_size = 4;
+    let table: Vec<u32> = (0..10).map(|i| (i * 3 + 1) % 13).collect();
+    let run = |chunks: &[usize]| -> Vec<f32> {
+        let mut kv = KvStorage::new(c.num_layers, 13, block_size, c.kv_width());
+        let mut start = 0;
+        let mut logits = Vec::new();
+        for &len in chunks {
+            let batch = ForwardBatch {
+                seqs: vec![ForwardSeq {
+                    tokens: &prompt[start..start + len],
+                    start_pos: start,
+                    block_table: &table,
+                    want_logits: start + len == prompt.len(),
+                }],
+            };
+            logits = model.forward(&batch, &mut kv).unwrap();
+            start += len;
+        }
+        logits
+    };
+    let whole = run(&[prompt.len()]);
+    let chunked = run(&[20, 17]);
+    let stepwise = run(&vec![1; prompt.len()]);
+    assert_eq!(whole.len(), c.vocab_size);
+    for (name, other) in [("chunked", &chunked), ("token by token", &stepwise)] {
+        let max_diff = whole.iter().zip(other.iter()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(max_diff < 1e-3, "{name} logits differ from one prefill by {max_diff}");
+    }
+}
+
+#[test]
+fn llama_tied_embeddings_paths_agree() {
+    let (_dir, file) = tiny(&TinySpec::default());
+    let model = Model::load(&file, None).unwrap();
+    assert_eq!(model.config().architecture, Architecture::Llama);
+    assert!(model.all_weights_mapped(), "weights must be read in place from the mmap");
+    check_paths_agree(&model);
+}
+
+#[test]
+fn llama_untied_q4_1_paths_agree() {
+    let spec = TinySpec { tied_embeddings: false, dtype: GgmlDType::Q4_1, ..TinySpec::default() };
+    let (_dir, file) = tiny(&spec);
+    let model = Model::load(&file, None).unwrap();
+    check_paths_agree(&model);
+}
+
+#[test]
+fn qwen2_with_biases_paths_agree() {
+    let spec = TinySpec { architecture: Architecture::Qwen2, ..TinySpec::default() };
+    let (_dir, file) = tiny(&spec);
+    let model = Model::load(&file, None).unwrap();
+    assert_eq!(model.config().architecture, Architecture::Qwen2);
+    check_paths_agree(&model);
+}
+
+#[test]
+fn requantised_weights_are_owned_and_close() {
+    let (_dir, file) = tiny(&TinySpec { dtype: GgmlDType::F32, ..TinySpec::default() });
+    let exact = Model::load(&file, None).unwrap();
+    let q8 = Model::load(&file, Some(QuantizeTo::Q8_0)).unwrap();
+    assert!(!q8.all_weights_mapped());
+    assert!(q8.weight_bytes() * 3 < exact.weight_bytes(), "Q8_0 should be about a quarter of f32");
+    let c = exact.config();
+    let prompt = [2u32, 5, 9, 11];
+    let table = [0u32];
+    let batch = ForwardBatch {
+        seqs: vec![ForwardSeq { tokens: &prompt, start_pos: 0, block_table: &table, want_logits: true }],
+    };
+    let a = exact.forward(&batch, &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width())).unwrap();
+    let b = q8.forward(&batch, &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width())).unwrap();
+    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
+    assert_eq!(argmax(&a), argmax(&b));
+}
+
+#[test]
+fn unknown_architecture_is_refused_by_name() {
+    let dir = tempdir::Dir::new();
+    let path = dir.path.join("odd.gguf");
+    let arch = Value::String("gptj".into());
+    let mut f = std::fs::File::create(&path).unwrap();
+    gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    let err = Model::load(&file, None).err().unwrap();
+    assert!(matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "gptj"), "{err}");
+    assert!(err.to_string().contains("gptj"));
+}
+
+#[test]
+fn unsupported_tensor_type_is_refused_by_name() {
+    let (_dir, file) = tiny(&TinySpec { dtype: GgmlDType::Q8_1, ..TinySpec::default() });
+    let err = Model::load(&file, None).err().unwrap();
+    let text = err.to_string();
+    assert!(matches!(err, ModelError::UnsupportedTensorType { .. }), "{text}");
+    assert!(text.contains("Q8_1") && text.contains("weight"), "{text}");
+}
+
+#[test]
+fn missing_file_and_garbage_give_clear_errors() {
+    let err = ModelFile::open("/nonexistent/model.gguf").err().unwrap();
+    assert!(err.to_string().contains("/nonexistent/model.gguf"));
+    let dir = tempdir::Dir::new();
+    let path = dir.path.join("garbage.gguf");
+    std::fs::write(&path, b"definitely not a gguf file").unwrap();
+    let err = ModelFile::open(&path).err().unwrap();
+    assert!(err.to_string().contains("not a readable GGUF file"), "{err}");
+}

@@ -1,0 +1,96 @@
+//! `tidal runtime` as a process on the real default model: health while loading and after,
+//! a request, and every metric the runtime promises on /metrics.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn default_model() -> PathBuf {
+    let out = Command::new("bash").arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fetch-model.sh")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct KillOnDrop(Child);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 request; returns (status, body).
+fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut reader = BufReader::new(s);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest)?;
+    let body = rest.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+#[test]
+fn runtime_serves_and_exports_metrics() {
+    let model = default_model();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["runtime", "--model"])
+        .arg(&model)
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--model-name", "smol", "--kv-cache-memory", "128MiB"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = KillOnDrop(child);
+
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok((200, _)) = http(port, "GET", "/health", "") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "runtime never became healthy");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, body) = http(
+        port,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"smol","prompt":"The capital of France is","max_tokens":4,"temperature":0}"#,
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("Paris"), "{body}");
+
+    let (status, metrics) = http(port, "GET", "/metrics", "").unwrap();
+    assert_eq!(status, 200);
+    for name in [
+        "tidal_requests_waiting",
+        "tidal_requests_running",
+        "tidal_kv_cache_usage_ratio",
+        "tidal_prefix_cache_queries_total",
+        "tidal_prefix_cache_hits_total",
+        "tidal_prompt_tokens_total",
+        "tidal_generation_tokens_total",
+        "tidal_time_to_first_token_seconds_bucket",
+        "tidal_inter_token_latency_seconds_bucket",
+        "tidal_preemptions_total",
+    ] {
+        assert!(metrics.lines().any(|l| l.starts_with(name)), "/metrics lacks {name}:\n{metrics}");
+    }
+    assert!(metrics.contains("tidal_generation_tokens_total 4"), "{metrics}");
+}

@@ -18,6 +18,8 @@ enum Command {
     Runtime(cli::runtime::RuntimeArgs),
     /// Benchmarks (decode speed, concurrency, prefix cache, memory bandwidth, ledger ingest).
     Bench(cli::bench::BenchArgs),
+    /// The metering consumer (usage stream → ledger) and the usage API.
+    Billing(cli::billing::BillingArgs),
     /// A tenant's monthly usage report or invoice from the ledger.
     Report(cli::report::ReportArgs),
     /// Replay a request trace through the autoscaling policy and the baselines; prints cost
@@ -30,6 +32,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Runtime(args) => cli::runtime::run(args),
         Command::Bench(args) => cli::bench::run(args),
+        Command::Billing(args) => cli::billing::run(args),
         Command::Report(args) => cli::report::run(args),
         Command::Sim(args) => tidal_autoscaler::sim::run(&args).map(|_| ()),
     }

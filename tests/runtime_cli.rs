@@ -8,13 +8,27 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn default_model() -> PathBuf {
-    let out = Command::new("bash").arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fetch-model.sh")).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("bash")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/fetch-model.sh"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct KillOnDrop(Child);
@@ -37,10 +51,17 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
     let mut reader = BufReader::new(s);
     let mut status_line = String::new();
     reader.read_line(&mut status_line)?;
-    let status = status_line.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let mut rest = String::new();
     reader.read_to_string(&mut rest)?;
-    let body = rest.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = rest
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -51,7 +72,14 @@ fn runtime_serves_and_exports_metrics() {
     let child = Command::new(env!("CARGO_BIN_EXE_tidal"))
         .args(["runtime", "--model"])
         .arg(&model)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--model-name", "smol", "--kv-cache-memory", "128MiB"])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--model-name",
+            "smol",
+            "--kv-cache-memory",
+            "128MiB",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -90,7 +118,13 @@ fn runtime_serves_and_exports_metrics() {
         "tidal_inter_token_latency_seconds_bucket",
         "tidal_preemptions_total",
     ] {
-        assert!(metrics.lines().any(|l| l.starts_with(name)), "/metrics lacks {name}:\n{metrics}");
+        assert!(
+            metrics.lines().any(|l| l.starts_with(name)),
+            "/metrics lacks {name}:\n{metrics}"
+        );
     }
-    assert!(metrics.contains("tidal_generation_tokens_total 4"), "{metrics}");
+    assert!(
+        metrics.contains("tidal_generation_tokens_total 4"),
+        "{metrics}"
+    );
 }

@@ -36,6 +36,9 @@ pub enum Error {
     /// A stored value could not be interpreted.
     #[error("corrupt ledger data: {0}")]
     Corrupt(String),
+    /// The usage stream's broker failed (benchmarks; the consumer retries instead).
+    #[error("queue: {0}")]
+    Queue(#[from] tidal_queue::QueueError),
     /// CSV rendering failed.
     #[error("csv: {0}")]
     Csv(String),

@@ -5,15 +5,24 @@
 //!   ([`Ledger::record_batch`]), tenants and API keys, budgets, price versions (with
 //!   [`Ledger::reprice_unpriced`] for usage that came before its price), fleet usage,
 //!   reports, invoices and the platform view.
-//! - [`consumer`]: the metering loop over a [`consumer::UsageSource`] (ack after commit).
+//! - [`consumer`]: the metering loop over a [`consumer::UsageSource`] (ack after commit);
+//!   [`queue_source::QueueSource`] is the source over the broker's usage stream (Redis
+//!   Streams consumer group `billing`, or the in-process broker), [`memory_source`] a
+//!   self-contained one for tests.
+//! - [`http`]: the usage API (axum): tenants read their own usage and invoices with their
+//!   API key, admins every tenant and the platform view. `tidal billing` serves it next to
+//!   the consumer.
 //! - Pure logic with its own tests: [`money`] (units and the rounding rule), [`price`],
 //!   [`usage`], [`report`], [`invoice`], [`platform`], [`access`], [`keys`].
-//! - [`bench::bench_ingest`] for `tidal bench billing`.
+//! - [`bench::bench_ingest`] for `tidal bench billing`; [`bench_stream::bench_stream_ingest`]
+//!   for the whole path (usage stream → consumer → ledger → ack).
 
 pub mod access;
 pub mod bench;
+pub mod bench_stream;
 pub mod consumer;
 pub mod error;
+pub mod http;
 pub mod invoice;
 pub mod keys;
 pub mod ledger;
@@ -22,6 +31,7 @@ pub mod money;
 pub mod period;
 pub mod platform;
 pub mod price;
+pub mod queue_source;
 pub mod report;
 pub mod scratch;
 pub mod usage;

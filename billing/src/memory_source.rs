@@ -1,5 +1,6 @@
-//! An in-memory usage stream with Redis-Streams consumer-group semantics, for tests and the
-//! single-process mode until the queue crate's in-process broker is wired in.
+//! An in-memory usage stream with Redis-Streams consumer-group semantics and injectable
+//! crash points, for the consumer's own tests. Production and `tidal up` read the broker's
+//! stream through [`crate::queue_source::QueueSource`] (Redis, or the in-process broker).
 //!
 //! Entries read but not acked stay pending; a new consumer (a restart) gets the pending
 //! entries first, then new ones, like `XREADGROUP` from id `0` and then `>`. A consumer can

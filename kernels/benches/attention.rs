@@ -15,7 +15,7 @@ const HEAD_DIM: usize = 64;
 const BLOCK: usize = 16;
 
 fn bench(c: &mut Criterion) {
-    let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
+    let threads = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(2);
     let mut group = c.benchmark_group("paged_attention_decode");
     for &batch in &[1usize, 8] {
@@ -46,19 +46,21 @@ fn bench(c: &mut Criterion) {
             group.bench_function(
                 BenchmarkId::new(format!("batch{batch}"), format!("ctx{ctx}")),
                 |b| {
-                    b.iter(|| {
-                        paged_attention(
-                            black_box(&q),
-                            black_box(&k_cache),
-                            black_box(&v_cache),
-                            &seqs,
-                            N_HEADS,
-                            N_KV,
-                            HEAD_DIM,
-                            BLOCK,
-                            scale,
-                            &mut out,
-                        )
+                    b.iter_custom(|iters| {
+                        in_pool(&threads, iters, || {
+                            paged_attention(
+                                black_box(&q),
+                                black_box(&k_cache),
+                                black_box(&v_cache),
+                                &seqs,
+                                N_HEADS,
+                                N_KV,
+                                HEAD_DIM,
+                                BLOCK,
+                                scale,
+                                &mut out,
+                            )
+                        })
                     })
                 },
             );

@@ -43,11 +43,22 @@ fn bench(c: &mut Criterion) {
                 }
                 let name = format!("tidal_{kernel:?}").to_lowercase();
                 group.bench_function(BenchmarkId::new(name, &shape), |b| {
-                    b.iter(|| {
-                        matmul_q4_1_with(kernel, black_box(&x), black_box(&w), m, k, n, &mut out)
+                    b.iter_custom(|iters| {
+                        in_pool(&pool, iters, || {
+                            matmul_q4_1_with(
+                                kernel,
+                                black_box(&x),
+                                black_box(&w),
+                                m,
+                                k,
+                                n,
+                                &mut out,
+                            )
+                        })
                     })
                 });
             }
+            // candle runs on its own thread pool, so it is called from the bench thread.
             group.bench_function(BenchmarkId::new("candle", &shape), |b| {
                 b.iter(|| {
                     k_quants::matmul((m, k, n), black_box(&x), black_box(&blocks), &mut out)

@@ -223,10 +223,52 @@ fn attend_group(args: GroupArgs, scores: &mut Vec<f32>, out_g: &mut [f32]) {
         crate::simd::scale(s, 1.0 / sum);
     }
     out_g.fill(0.0);
-    for (p, at) in rows() {
-        let v = &v_cache[at..at + hd];
+    match hd {
+        64 => weigh_values::<64>(seq, kvh, ctx, d, v_cache, scores, out_g),
+        128 => weigh_values::<128>(seq, kvh, ctx, d, v_cache, scores, out_g),
+        _ => {
+            for (p, at) in rows() {
+                let v = &v_cache[at..at + hd];
+                for g in 0..d.group {
+                    crate::simd::axpy(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p], v);
+                }
+            }
+        }
+    }
+}
+
+/// `out_g[g] += Σ_p scores[g][p] · V[p]` for a head size known at compile time: the sum over
+/// one KV block stays in registers (`HD / 8` vectors) and is added to `out_g` once per block,
+/// instead of a load and store of `out_g` per position.
+#[inline(always)]
+fn weigh_values<const HD: usize>(
+    seq: &AttentionSeq,
+    kvh: usize,
+    ctx: usize,
+    d: &Dims,
+    v_cache: &[f32],
+    scores: &[f32],
+    out_g: &mut [f32],
+) {
+    for (b, &blk) in seq.block_table.iter().enumerate() {
+        let first = b * d.block_size;
+        if first >= ctx {
+            break;
+        }
+        let n = d.block_size.min(ctx - first);
+        let base = blk as usize * d.block_size * d.kv_width + kvh * HD;
         for g in 0..d.group {
-            crate::simd::axpy(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p], v);
+            let w = &scores[g * ctx + first..g * ctx + first + n];
+            let mut acc = [0.0f32; HD];
+            for (o, &wo) in w.iter().enumerate() {
+                let v = &v_cache[base + o * d.kv_width..base + o * d.kv_width + HD];
+                for i in 0..HD {
+                    acc[i] += wo * v[i];
+                }
+            }
+            for (out, a) in out_g[g * HD..(g + 1) * HD].iter_mut().zip(acc) {
+                *out += a;
+            }
         }
     }
 }
@@ -407,6 +449,13 @@ mod tests {
                 .collect();
             check_batch(1000 + case, nh, nkv, hd, bs, &shapes, 1.0);
         }
+    }
+
+    #[test]
+    fn head_dim_128_and_odd_group_sizes() {
+        // 128 takes the other compile-time head size; 8 / 2 gives groups of 4.
+        check_batch(45, 8, 2, 128, 16, &[(0, 3), (40, 1), (17, 2)], 1.0);
+        check_batch(46, 5, 5, 128, 3, &[(9, 4)], 1.0);
     }
 
     #[test]

@@ -1,6 +1,5 @@
-//! The Q4_1 kernels on the real weights of the default model (SmolLM2-135M Q4_1). Ignored by
-//! default because it needs the model file: run `scripts/fetch-model.sh`, then
-//! `cargo test -p tidal-kernels --test real_model -- --ignored` (TIDAL_MODEL overrides the path).
+//! The Q4_1 kernels on the real weights of the default model (SmolLM2-135M Q4_1), fetched and
+//! verified by `scripts/fetch-model.sh` on first use (TIDAL_MODEL overrides the path).
 
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::k_quants::{self, BlockQ4_1, GgmlType};
@@ -13,12 +12,23 @@ fn model_path() -> std::path::PathBuf {
     if let Ok(p) = std::env::var("TIDAL_MODEL") {
         return p.into();
     }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    std::path::Path::new(&home).join(".cache/tidal/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/fetch-model.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run fetch-model.sh");
+    assert!(
+        out.status.success(),
+        "fetch-model.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf-8 path")
+        .trim()
+        .into()
 }
 
 #[test]
-#[ignore = "needs the model file (scripts/fetch-model.sh)"]
 fn q4_1_kernels_match_candle_on_real_weights() {
     let mut f = std::fs::File::open(model_path()).expect("model file");
     let content = Content::read(&mut f).unwrap();

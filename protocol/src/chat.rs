@@ -57,7 +57,10 @@ impl ChatCompletionRequest {
     /// Messages as plain text, after checking roles and content.
     pub fn text_messages(&self) -> Result<Vec<TextMessage>, ApiError> {
         if self.messages.is_empty() {
-            return Err(ApiError::invalid("messages", "`messages` must contain at least one message"));
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must contain at least one message",
+            ));
         }
         self.messages
             .iter()
@@ -105,10 +108,16 @@ impl ChatCompletionRequest {
     pub fn top_logprobs(&self) -> Result<Option<usize>, ApiError> {
         match (self.logprobs.unwrap_or(false), self.top_logprobs) {
             (false, None) => Ok(None),
-            (false, Some(_)) => Err(ApiError::invalid("top_logprobs", "`top_logprobs` requires `logprobs: true`")),
+            (false, Some(_)) => Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs: true`",
+            )),
             (true, None) => Ok(Some(0)),
             (true, Some(n)) if (0..=20).contains(&n) => Ok(Some(n as usize)),
-            (true, Some(n)) => Err(ApiError::invalid("top_logprobs", format!("`top_logprobs` must be between 0 and 20, got {n}"))),
+            (true, Some(n)) => Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be between 0 and 20, got {n}"),
+            )),
         }
     }
 }
@@ -204,17 +213,22 @@ mod tests {
 
     #[test]
     fn empty_messages_rejected() {
-        let err = req(r#"{"model":"m","messages":[]}"#).text_messages().unwrap_err();
+        let err = req(r#"{"model":"m","messages":[]}"#)
+            .text_messages()
+            .unwrap_err();
         assert_eq!((err.status, err.param.as_deref()), (400, Some("messages")));
     }
 
     #[test]
     fn unknown_role_and_image_parts_rejected() {
-        let err = req(r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#).text_messages().unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("messages[0].role"));
-        let err = req(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+        let err = req(r#"{"model":"m","messages":[{"role":"robot","content":"x"}]}"#)
             .text_messages()
             .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("messages[0].role"));
+        let err =
+            req(r#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#)
+                .text_messages()
+                .unwrap_err();
         assert_eq!(err.param.as_deref(), Some("messages[0].content[0]"));
     }
 
@@ -231,13 +245,27 @@ mod tests {
         let r = req(r#"{"model":"m","messages":[],"max_tokens":5,"max_completion_tokens":7}"#);
         assert_eq!(r.max_tokens().unwrap(), Some(7));
         let r = req(r#"{"model":"m","messages":[],"max_tokens":0}"#);
-        assert_eq!(r.max_tokens().unwrap_err().param.as_deref(), Some("max_tokens"));
+        assert_eq!(
+            r.max_tokens().unwrap_err().param.as_deref(),
+            Some("max_tokens")
+        );
     }
 
     #[test]
     fn top_logprobs_needs_logprobs() {
-        assert_eq!(req(r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":3}"#).top_logprobs().unwrap(), Some(3));
-        assert!(req(r#"{"model":"m","messages":[],"top_logprobs":3}"#).top_logprobs().is_err());
-        assert!(req(r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":21}"#).top_logprobs().is_err());
+        assert_eq!(
+            req(r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":3}"#)
+                .top_logprobs()
+                .unwrap(),
+            Some(3)
+        );
+        assert!(req(r#"{"model":"m","messages":[],"top_logprobs":3}"#)
+            .top_logprobs()
+            .is_err());
+        assert!(
+            req(r#"{"model":"m","messages":[],"logprobs":true,"top_logprobs":21}"#)
+                .top_logprobs()
+                .is_err()
+        );
     }
 }

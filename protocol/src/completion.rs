@@ -50,18 +50,28 @@ impl CompletionRequest {
             PromptField::Tokens(t) => Prompt::Tokens(t.clone()),
             PromptField::Texts(v) if v.len() == 1 => Prompt::Text(v[0].clone()),
             PromptField::TokenLists(v) if v.len() == 1 => Prompt::Tokens(v[0].clone()),
-            _ => return Err(ApiError::invalid("prompt", "exactly one prompt per request is supported")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "exactly one prompt per request is supported",
+                ))
+            }
         };
         match &prompt {
-            Prompt::Text(t) if t.is_empty() => Err(ApiError::invalid("prompt", "`prompt` must not be empty")),
-            Prompt::Tokens(t) if t.is_empty() => Err(ApiError::invalid("prompt", "`prompt` must not be empty")),
+            Prompt::Text(t) if t.is_empty() => {
+                Err(ApiError::invalid("prompt", "`prompt` must not be empty"))
+            }
+            Prompt::Tokens(t) if t.is_empty() => {
+                Err(ApiError::invalid("prompt", "`prompt` must not be empty"))
+            }
             _ => Ok(prompt),
         }
     }
 
     /// `max_tokens`, defaulting to 16 as OpenAI does.
     pub fn max_tokens(&self) -> Result<usize, ApiError> {
-        Ok(validate_max_tokens("max_tokens", self.max_tokens)?.unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS))
+        Ok(validate_max_tokens("max_tokens", self.max_tokens)?
+            .unwrap_or(DEFAULT_COMPLETION_MAX_TOKENS))
     }
 
     /// Alternatives per token (`logprobs`, 0–5 in OpenAI's API; we allow up to 20).
@@ -69,7 +79,10 @@ impl CompletionRequest {
         match self.logprobs {
             None => Ok(None),
             Some(n) if (0..=20).contains(&n) => Ok(Some(n as usize)),
-            Some(n) => Err(ApiError::invalid("logprobs", format!("`logprobs` must be between 0 and 20, got {n}"))),
+            Some(n) => Err(ApiError::invalid(
+                "logprobs",
+                format!("`logprobs` must be between 0 and 20, got {n}"),
+            )),
         }
     }
 
@@ -82,7 +95,10 @@ impl CompletionRequest {
             return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
         }
         if self.best_of.is_some_and(|b| b != 1) {
-            return Err(ApiError::invalid("best_of", "only best_of = 1 is supported"));
+            return Err(ApiError::invalid(
+                "best_of",
+                "only best_of = 1 is supported",
+            ));
         }
         Ok(())
     }
@@ -128,18 +144,36 @@ mod tests {
 
     #[test]
     fn prompt_forms() {
-        assert_eq!(req(r#"{"model":"m","prompt":"hi"}"#).prompt().unwrap(), Prompt::Text("hi".into()));
-        assert_eq!(req(r#"{"model":"m","prompt":[1,2]}"#).prompt().unwrap(), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(req(r#"{"model":"m","prompt":["hi"]}"#).prompt().unwrap(), Prompt::Text("hi".into()));
+        assert_eq!(
+            req(r#"{"model":"m","prompt":"hi"}"#).prompt().unwrap(),
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            req(r#"{"model":"m","prompt":[1,2]}"#).prompt().unwrap(),
+            Prompt::Tokens(vec![1, 2])
+        );
+        assert_eq!(
+            req(r#"{"model":"m","prompt":["hi"]}"#).prompt().unwrap(),
+            Prompt::Text("hi".into())
+        );
         assert!(req(r#"{"model":"m","prompt":["a","b"]}"#).prompt().is_err());
         assert!(req(r#"{"model":"m","prompt":""}"#).prompt().is_err());
     }
 
     #[test]
     fn defaults_and_limits() {
-        assert_eq!(req(r#"{"model":"m","prompt":"x"}"#).max_tokens().unwrap(), 16);
-        assert!(req(r#"{"model":"m","prompt":"x","max_tokens":0}"#).max_tokens().is_err());
-        assert!(req(r#"{"model":"m","prompt":"x","logprobs":30}"#).top_logprobs().is_err());
-        assert!(req(r#"{"model":"m","prompt":"x","echo":true}"#).check_unsupported().is_err());
+        assert_eq!(
+            req(r#"{"model":"m","prompt":"x"}"#).max_tokens().unwrap(),
+            16
+        );
+        assert!(req(r#"{"model":"m","prompt":"x","max_tokens":0}"#)
+            .max_tokens()
+            .is_err());
+        assert!(req(r#"{"model":"m","prompt":"x","logprobs":30}"#)
+            .top_logprobs()
+            .is_err());
+        assert!(req(r#"{"model":"m","prompt":"x","echo":true}"#)
+            .check_unsupported()
+            .is_err());
     }
 }

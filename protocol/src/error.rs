@@ -115,7 +115,8 @@ impl ApiError {
 
 /// Parses a JSON request body, turning serde's message into a 400.
 pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
 #[cfg(test)]
@@ -128,7 +129,10 @@ mod tests {
         let body = e.body();
         assert_eq!(body["error"]["type"], "invalid_request_error");
         assert_eq!(body["error"]["param"], "temperature");
-        assert_eq!(body["error"]["message"], "temperature must be between 0 and 2");
+        assert_eq!(
+            body["error"]["message"],
+            "temperature must be between 0 and 2"
+        );
         assert!(body["error"]["code"].is_null());
     }
 

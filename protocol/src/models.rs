@@ -22,6 +22,9 @@ pub struct ModelList {
 impl ModelList {
     /// Wraps cards in the list envelope.
     pub fn new(data: Vec<ModelCard>) -> Self {
-        Self { object: "list".into(), data }
+        Self {
+            object: "list".into(),
+            data,
+        }
     }
 }

@@ -61,10 +61,19 @@ pub struct Sampling {
     pub top_logprobs: Option<usize>,
 }
 
-fn in_range(param: &str, value: Option<f32>, lo: f32, hi: f32, default: f32) -> Result<f32, ApiError> {
+fn in_range(
+    param: &str,
+    value: Option<f32>,
+    lo: f32,
+    hi: f32,
+    default: f32,
+) -> Result<f32, ApiError> {
     let v = value.unwrap_or(default);
     if !v.is_finite() || v < lo || v > hi {
-        return Err(ApiError::invalid(param, format!("`{param}` must be between {lo} and {hi}, got {v}")));
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be between {lo} and {hi}, got {v}"),
+        ));
     }
     Ok(v)
 }
@@ -74,7 +83,10 @@ impl SamplingFields {
     pub fn validate(&self, top_logprobs: Option<usize>) -> Result<Sampling, ApiError> {
         if let Some(n) = self.n {
             if n != 1 {
-                return Err(ApiError::invalid("n", format!("only n = 1 is supported, got {n}")));
+                return Err(ApiError::invalid(
+                    "n",
+                    format!("only n = 1 is supported, got {n}"),
+                ));
             }
         }
         let top_p = in_range("top_p", self.top_p, 0.0, 1.0, 1.0)?;
@@ -84,11 +96,25 @@ impl SamplingFields {
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
-            Some(k) => return Err(ApiError::invalid("top_k", format!("`top_k` must be -1, 0 or positive, got {k}"))),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be -1, 0 or positive, got {k}"),
+                ))
+            }
         };
-        let repetition_penalty = in_range("repetition_penalty", self.repetition_penalty, 0.0, 10.0, 1.0)?;
+        let repetition_penalty = in_range(
+            "repetition_penalty",
+            self.repetition_penalty,
+            0.0,
+            10.0,
+            1.0,
+        )?;
         if repetition_penalty == 0.0 {
-            return Err(ApiError::invalid("repetition_penalty", "`repetition_penalty` must be greater than 0"));
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                "`repetition_penalty` must be greater than 0",
+            ));
         }
         let stop = match &self.stop {
             None => Vec::new(),
@@ -96,10 +122,16 @@ impl SamplingFields {
             Some(StopField::Many(v)) => v.clone(),
         };
         if stop.len() > 4 {
-            return Err(ApiError::invalid("stop", format!("at most 4 stop sequences are allowed, got {}", stop.len())));
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most 4 stop sequences are allowed, got {}", stop.len()),
+            ));
         }
         if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
+            return Err(ApiError::invalid(
+                "stop",
+                "stop sequences must not be empty",
+            ));
         }
         Ok(Sampling {
             temperature: in_range("temperature", self.temperature, 0.0, 2.0, 1.0)?,
@@ -107,7 +139,13 @@ impl SamplingFields {
             top_k,
             min_p: in_range("min_p", self.min_p, 0.0, 1.0, 0.0)?,
             presence_penalty: in_range("presence_penalty", self.presence_penalty, -2.0, 2.0, 0.0)?,
-            frequency_penalty: in_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, 0.0)?,
+            frequency_penalty: in_range(
+                "frequency_penalty",
+                self.frequency_penalty,
+                -2.0,
+                2.0,
+                0.0,
+            )?,
             repetition_penalty,
             seed: self.seed.map(|s| s as u64),
             stop,
@@ -119,7 +157,9 @@ impl SamplingFields {
 
     /// Whether the final chunk of a stream carries usage.
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
     }
 }
 
@@ -128,7 +168,10 @@ pub fn validate_max_tokens(param: &str, value: Option<i64>) -> Result<Option<usi
     match value {
         None => Ok(None),
         Some(v) if v > 0 => Ok(Some(v as usize)),
-        Some(v) => Err(ApiError::invalid(param, format!("`{param}` must be at least 1, got {v}"))),
+        Some(v) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be at least 1, got {v}"),
+        )),
     }
 }
 
@@ -174,15 +217,34 @@ mod tests {
 
     #[test]
     fn stop_accepts_string_or_list() {
-        assert_eq!(fields(r#"{"stop": "x"}"#).validate(None).unwrap().stop, vec!["x"]);
-        assert_eq!(fields(r#"{"stop": ["x","y"]}"#).validate(None).unwrap().stop, vec!["x", "y"]);
+        assert_eq!(
+            fields(r#"{"stop": "x"}"#).validate(None).unwrap().stop,
+            vec!["x"]
+        );
+        assert_eq!(
+            fields(r#"{"stop": ["x","y"]}"#)
+                .validate(None)
+                .unwrap()
+                .stop,
+            vec!["x", "y"]
+        );
     }
 
     #[test]
     fn max_tokens_must_be_positive() {
         assert_eq!(validate_max_tokens("max_tokens", Some(5)).unwrap(), Some(5));
         assert_eq!(validate_max_tokens("max_tokens", None).unwrap(), None);
-        assert_eq!(validate_max_tokens("max_tokens", Some(0)).unwrap_err().status, 400);
-        assert_eq!(validate_max_tokens("max_tokens", Some(-3)).unwrap_err().status, 400);
+        assert_eq!(
+            validate_max_tokens("max_tokens", Some(0))
+                .unwrap_err()
+                .status,
+            400
+        );
+        assert_eq!(
+            validate_max_tokens("max_tokens", Some(-3))
+                .unwrap_err()
+                .status,
+            400
+        );
     }
 }

@@ -34,7 +34,10 @@ pub struct RequestTiming {
 }
 
 /// Submits a request and waits for it on the calling thread.
-pub fn run_request(engine: &Engine, request: GenerationRequest) -> Result<RequestTiming, EngineError> {
+pub fn run_request(
+    engine: &Engine,
+    request: GenerationRequest,
+) -> Result<RequestTiming, EngineError> {
     let started = Instant::now();
     let mut events = engine.submit(request)?;
     let mut first = None;
@@ -72,7 +75,12 @@ pub struct DecodeReport {
 }
 
 /// One request alone: prefill then `generate` decode steps; the best of `repeats` runs.
-pub fn decode(engine: &Engine, prompt: &[u32], generate: usize, repeats: usize) -> Result<DecodeReport, EngineError> {
+pub fn decode(
+    engine: &Engine,
+    prompt: &[u32],
+    generate: usize,
+    repeats: usize,
+) -> Result<DecodeReport, EngineError> {
     let mut best: Option<DecodeReport> = None;
     for _ in 0..repeats.max(1) {
         let t = run_request(engine, fixed_length_request(prompt.to_vec(), generate))?;
@@ -80,10 +88,15 @@ pub fn decode(engine: &Engine, prompt: &[u32], generate: usize, repeats: usize) 
         let report = DecodeReport {
             prompt_tokens: prompt.len(),
             generated_tokens: t.completion_tokens,
-            prefill_tokens_per_second: prompt.len() as f64 / t.time_to_first_token.as_secs_f64().max(1e-9),
-            decode_tokens_per_second: t.completion_tokens.saturating_sub(1) as f64 / decode_time.max(1e-9),
+            prefill_tokens_per_second: prompt.len() as f64
+                / t.time_to_first_token.as_secs_f64().max(1e-9),
+            decode_tokens_per_second: t.completion_tokens.saturating_sub(1) as f64
+                / decode_time.max(1e-9),
         };
-        if best.as_ref().is_none_or(|b| report.decode_tokens_per_second > b.decode_tokens_per_second) {
+        if best
+            .as_ref()
+            .is_none_or(|b| report.decode_tokens_per_second > b.decode_tokens_per_second)
+        {
             best = Some(report);
         }
     }
@@ -145,9 +158,20 @@ pub struct PrefixReport {
 }
 
 /// Runs `prefix + question_a` cold, then `prefix + question_b`, which should reuse the prefix.
-pub fn prefix_cache(engine: &Engine, prefix: &[u32], question_a: &[u32], question_b: &[u32]) -> Result<PrefixReport, EngineError> {
-    let cold = run_request(engine, fixed_length_request([prefix, question_a].concat(), 1))?;
-    let hit = run_request(engine, fixed_length_request([prefix, question_b].concat(), 1))?;
+pub fn prefix_cache(
+    engine: &Engine,
+    prefix: &[u32],
+    question_a: &[u32],
+    question_b: &[u32],
+) -> Result<PrefixReport, EngineError> {
+    let cold = run_request(
+        engine,
+        fixed_length_request([prefix, question_a].concat(), 1),
+    )?;
+    let hit = run_request(
+        engine,
+        fixed_length_request([prefix, question_b].concat(), 1),
+    )?;
     Ok(PrefixReport {
         shared_prefix_tokens: prefix.len(),
         cold_time_to_first_token: cold.time_to_first_token,

@@ -15,8 +15,15 @@ pub fn default_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
-        let out = std::process::Command::new("bash").arg(script).output().expect("run fetch-model.sh");
-        assert!(out.status.success(), "fetch-model.sh failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("bash")
+            .arg(script)
+            .output()
+            .expect("run fetch-model.sh");
+        assert!(
+            out.status.success(),
+            "fetch-model.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
     })
     .clone()
@@ -36,7 +43,10 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
         prompt,
         max_tokens,
-        sampling: SamplingParams { temperature: 0.0, ..SamplingParams::default() },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
         stop: vec![],
         stop_token_ids: vec![],
         ignore_eos: true,
@@ -58,12 +68,22 @@ pub fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) ->
     let mut ids = Vec::new();
     while let Some(ev) = rx.blocking_recv() {
         match ev {
-            GenerationEvent::Delta { text: t, token_ids, .. } => {
+            GenerationEvent::Delta {
+                text: t, token_ids, ..
+            } => {
                 text.push_str(&t);
                 ids.extend(token_ids);
             }
-            GenerationEvent::Done { finish_reason, usage } => {
-                return Output { text, ids, finish: finish_reason.as_str().into(), usage }
+            GenerationEvent::Done {
+                finish_reason,
+                usage,
+            } => {
+                return Output {
+                    text,
+                    ids,
+                    finish: finish_reason.as_str().into(),
+                    usage,
+                }
             }
             GenerationEvent::Error { message } => panic!("engine error: {message}"),
         }

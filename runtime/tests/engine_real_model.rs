@@ -6,7 +6,10 @@ use common::{collect, engine, greedy};
 use tidal_runtime::engine::EngineConfig;
 
 fn small_config() -> EngineConfig {
-    EngineConfig { kv_cache_memory: 64 << 20, ..EngineConfig::default() }
+    EngineConfig {
+        kv_cache_memory: 64 << 20,
+        ..EngineConfig::default()
+    }
 }
 
 #[test]
@@ -15,7 +18,11 @@ fn capital_of_france_is_paris() {
     let tok = engine.tokenizer().clone();
     let prompt = tok.encode("The capital of France is", false);
     let out = collect(engine.submit(greedy(prompt.clone(), 8)).unwrap());
-    assert!(out.text.contains("Paris"), "greedy continuation was {:?}", out.text);
+    assert!(
+        out.text.contains("Paris"),
+        "greedy continuation was {:?}",
+        out.text
+    );
     assert_eq!(out.usage.prompt_tokens, prompt.len());
     assert_eq!(out.usage.completion_tokens, 8);
     assert_eq!(out.ids.len(), 8);
@@ -42,7 +49,11 @@ fn batch_invariance() {
     let mut receivers: Vec<_> = others
         .iter()
         .enumerate()
-        .map(|(i, text)| engine.submit(greedy(tok.encode(text, false), 10 + 3 * i)).unwrap())
+        .map(|(i, text)| {
+            engine
+                .submit(greedy(tok.encode(text, false), 10 + 3 * i))
+                .unwrap()
+        })
         .collect();
     let target_rx = engine.submit(greedy(target, 24)).unwrap();
     let batched = collect(target_rx).ids;
@@ -59,12 +70,22 @@ fn prefix_cache_hit_gives_same_ids() {
     let (engine, _) = engine(small_config());
     let tok = engine.tokenizer().clone();
     let system = "You are a helpful assistant who answers questions about geography. ".repeat(6);
-    let prompt = tok.encode(&format!("{system}Question: what is the largest ocean?"), false);
+    let prompt = tok.encode(
+        &format!("{system}Question: what is the largest ocean?"),
+        false,
+    );
     let cold = collect(engine.submit(greedy(prompt.clone(), 16)).unwrap());
     assert_eq!(cold.usage.cached_tokens, 0);
     let warm = collect(engine.submit(greedy(prompt.clone(), 16)).unwrap());
-    assert!(warm.usage.cached_tokens >= 16, "expected a prefix hit, got {:?}", warm.usage);
-    assert!(warm.usage.cached_tokens < prompt.len(), "the last prompt token is always recomputed");
+    assert!(
+        warm.usage.cached_tokens >= 16,
+        "expected a prefix hit, got {:?}",
+        warm.usage
+    );
+    assert!(
+        warm.usage.cached_tokens < prompt.len(),
+        "the last prompt token is always recomputed"
+    );
     assert_eq!(cold.ids, warm.ids);
 }
 
@@ -75,7 +96,12 @@ fn preempted_sequences_recompute_to_same_ids() {
     let tok_engine = engine(small_config()).0;
     let tok = tok_engine.tokenizer().clone();
     let prompts: Vec<Vec<u32>> = (0..6)
-        .map(|i| tok.encode(&format!("Story {i}: the lighthouse keeper climbed the stairs and saw"), false))
+        .map(|i| {
+            tok.encode(
+                &format!("Story {i}: the lighthouse keeper climbed the stairs and saw"),
+                false,
+            )
+        })
         .collect();
     let expected: Vec<Vec<u32>> = prompts
         .iter()
@@ -89,7 +115,10 @@ fn preempted_sequences_recompute_to_same_ids() {
         kv_cache_memory: 16 * 16 * bytes_per_token,
         ..EngineConfig::default()
     });
-    let receivers: Vec<_> = prompts.iter().map(|p| tight.submit(greedy(p.clone(), 40)).unwrap()).collect();
+    let receivers: Vec<_> = prompts
+        .iter()
+        .map(|p| tight.submit(greedy(p.clone(), 40)).unwrap())
+        .collect();
     for (rx, want) in receivers.into_iter().zip(expected) {
         assert_eq!(collect(rx).ids, want);
     }
@@ -101,12 +130,18 @@ fn stop_strings_and_eos_end_generation() {
     let tok = engine.tokenizer().clone();
     let template = template.expect("SmolLM2 has a chat template");
     let text = template
-        .render(&[tidal_tokenizer::ChatMessage::new("user", "What is 2+2?")], true)
+        .render(
+            &[tidal_tokenizer::ChatMessage::new("user", "What is 2+2?")],
+            true,
+        )
         .unwrap();
     let mut req = greedy(tok.encode(&text, false), 64);
     req.ignore_eos = false;
     let out = collect(engine.submit(req.clone()).unwrap());
-    assert_eq!(out.finish, "stop", "the chat reply should end with <|im_end|>: {out:?}");
+    assert_eq!(
+        out.finish, "stop",
+        "the chat reply should end with <|im_end|>: {out:?}"
+    );
     assert!(out.text.contains('4'), "{:?}", out.text);
     assert!(!out.text.contains("<|im_end|>"));
 

@@ -4,7 +4,8 @@
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::GgmlDType;
 use tidal_runtime::model::{
-    write_tiny_gguf, Architecture, ForwardBatch, ForwardSeq, KvStorage, Model, ModelError, ModelFile, QuantizeTo, TinySpec,
+    write_tiny_gguf, Architecture, ForwardBatch, ForwardSeq, KvStorage, Model, ModelError,
+    ModelFile, QuantizeTo, TinySpec,
 };
 
 fn tiny(spec: &TinySpec) -> (tempdir::Dir, ModelFile) {
@@ -39,7 +40,9 @@ mod tempdir {
 /// tables are deliberately scattered so pages are not contiguous.
 fn check_paths_agree(model: &Model) {
     let c = model.config();
-    let prompt: Vec<u32> = (0..37).map(|i| (i * 7 % (c.vocab_size as u32 - 2)) + 2).collect();
+    let prompt: Vec<u32> = (0..37)
+        .map(|i| (i * 7 % (c.vocab_size as u32 - 2)) + 2)
+        .collect();
     let block_size = 4;
     let table: Vec<u32> = (0..10).map(|i| (i * 3 + 1) % 13).collect();
     let run = |chunks: &[usize]| -> Vec<f32> {
@@ -65,8 +68,15 @@ fn check_paths_agree(model: &Model) {
     let stepwise = run(&vec![1; prompt.len()]);
     assert_eq!(whole.len(), c.vocab_size);
     for (name, other) in [("chunked", &chunked), ("token by token", &stepwise)] {
-        let max_diff = whole.iter().zip(other.iter()).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(max_diff < 1e-3, "{name} logits differ from one prefill by {max_diff}");
+        let max_diff = whole
+            .iter()
+            .zip(other.iter())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            max_diff < 1e-3,
+            "{name} logits differ from one prefill by {max_diff}"
+        );
     }
 }
 
@@ -75,13 +85,20 @@ fn llama_tied_embeddings_paths_agree() {
     let (_dir, file) = tiny(&TinySpec::default());
     let model = Model::load(&file, None).unwrap();
     assert_eq!(model.config().architecture, Architecture::Llama);
-    assert!(model.all_weights_mapped(), "weights must be read in place from the mmap");
+    assert!(
+        model.all_weights_mapped(),
+        "weights must be read in place from the mmap"
+    );
     check_paths_agree(&model);
 }
 
 #[test]
 fn llama_untied_q4_1_paths_agree() {
-    let spec = TinySpec { tied_embeddings: false, dtype: GgmlDType::Q4_1, ..TinySpec::default() };
+    let spec = TinySpec {
+        tied_embeddings: false,
+        dtype: GgmlDType::Q4_1,
+        ..TinySpec::default()
+    };
     let (_dir, file) = tiny(&spec);
     let model = Model::load(&file, None).unwrap();
     check_paths_agree(&model);
@@ -89,7 +106,10 @@ fn llama_untied_q4_1_paths_agree() {
 
 #[test]
 fn qwen2_with_biases_paths_agree() {
-    let spec = TinySpec { architecture: Architecture::Qwen2, ..TinySpec::default() };
+    let spec = TinySpec {
+        architecture: Architecture::Qwen2,
+        ..TinySpec::default()
+    };
     let (_dir, file) = tiny(&spec);
     let model = Model::load(&file, None).unwrap();
     assert_eq!(model.config().architecture, Architecture::Qwen2);
@@ -98,20 +118,46 @@ fn qwen2_with_biases_paths_agree() {
 
 #[test]
 fn requantised_weights_are_owned_and_close() {
-    let (_dir, file) = tiny(&TinySpec { dtype: GgmlDType::F32, ..TinySpec::default() });
+    let (_dir, file) = tiny(&TinySpec {
+        dtype: GgmlDType::F32,
+        ..TinySpec::default()
+    });
     let exact = Model::load(&file, None).unwrap();
     let q8 = Model::load(&file, Some(QuantizeTo::Q8_0)).unwrap();
     assert!(!q8.all_weights_mapped());
-    assert!(q8.weight_bytes() * 3 < exact.weight_bytes(), "Q8_0 should be about a quarter of f32");
+    assert!(
+        q8.weight_bytes() * 3 < exact.weight_bytes(),
+        "Q8_0 should be about a quarter of f32"
+    );
     let c = exact.config();
     let prompt = [2u32, 5, 9, 11];
     let table = [0u32];
     let batch = ForwardBatch {
-        seqs: vec![ForwardSeq { tokens: &prompt, start_pos: 0, block_table: &table, want_logits: true }],
+        seqs: vec![ForwardSeq {
+            tokens: &prompt,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: true,
+        }],
     };
-    let a = exact.forward(&batch, &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width())).unwrap();
-    let b = q8.forward(&batch, &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width())).unwrap();
-    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|x, y| x.1.total_cmp(y.1)).map(|(i, _)| i);
+    let a = exact
+        .forward(
+            &batch,
+            &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width()),
+        )
+        .unwrap();
+    let b = q8
+        .forward(
+            &batch,
+            &mut KvStorage::new(c.num_layers, 1, 16, c.kv_width()),
+        )
+        .unwrap();
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
     assert_eq!(argmax(&a), argmax(&b));
 }
 
@@ -124,16 +170,25 @@ fn unknown_architecture_is_refused_by_name() {
     gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
     let file = ModelFile::open(&path).unwrap();
     let err = Model::load(&file, None).err().unwrap();
-    assert!(matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "gptj"), "{err}");
+    assert!(
+        matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "gptj"),
+        "{err}"
+    );
     assert!(err.to_string().contains("gptj"));
 }
 
 #[test]
 fn unsupported_tensor_type_is_refused_by_name() {
-    let (_dir, file) = tiny(&TinySpec { dtype: GgmlDType::Q8_1, ..TinySpec::default() });
+    let (_dir, file) = tiny(&TinySpec {
+        dtype: GgmlDType::Q8_1,
+        ..TinySpec::default()
+    });
     let err = Model::load(&file, None).err().unwrap();
     let text = err.to_string();
-    assert!(matches!(err, ModelError::UnsupportedTensorType { .. }), "{text}");
+    assert!(
+        matches!(err, ModelError::UnsupportedTensorType { .. }),
+        "{text}"
+    );
     assert!(text.contains("Q8_1") && text.contains("weight"), "{text}");
 }
 
@@ -145,5 +200,8 @@ fn missing_file_and_garbage_give_clear_errors() {
     let path = dir.path.join("garbage.gguf");
     std::fs::write(&path, b"definitely not a gguf file").unwrap();
     let err = ModelFile::open(&path).err().unwrap();
-    assert!(err.to_string().contains("not a readable GGUF file"), "{err}");
+    assert!(
+        err.to_string().contains("not a readable GGUF file"),
+        "{err}"
+    );
 }

@@ -56,7 +56,11 @@ pub enum BenchCommand {
     /// scratch database it creates and drops.
     Billing {
         /// Server URL (`postgres://user@host:port`) or `sqlite:` for a temporary SQLite file.
-        #[arg(long, env = "TIDAL_DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432")]
+        #[arg(
+            long,
+            env = "TIDAL_DATABASE_URL",
+            default_value = "postgres://postgres@127.0.0.1:5432"
+        )]
         database: String,
         /// Events to ingest.
         #[arg(long, default_value_t = 100_000)]
@@ -67,13 +71,19 @@ pub enum BenchCommand {
 /// Runs one benchmark and prints its report as JSON lines.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.which {
-        BenchCommand::Decode { engine, prompt_tokens, generate, repeats } => {
-            engine.init_threads();
+        BenchCommand::Decode {
+            engine,
+            prompt_tokens,
+            generate,
+            repeats,
+        } => {
             let loaded = engine.load()?;
             let tokenizer = loaded.engine.tokenizer().clone();
             let prompt = text_tokens(&tokenizer, 0, prompt_tokens);
             let report = bench::decode(&loaded.engine, &prompt, generate, repeats)?;
-            let weights_mb = std::fs::metadata(&engine.model).map(|m| m.len() as f64 / 1e6).unwrap_or(0.0);
+            let weights_mb = std::fs::metadata(&engine.model)
+                .map(|m| m.len() as f64 / 1e6)
+                .unwrap_or(0.0);
             let bandwidth = bench::memory_bandwidth_gb_per_s(1 << 30);
             // Each decoded token reads every weight once: bandwidth / model size bounds tokens/s.
             let ceiling = bandwidth * 1e3 / weights_mb.max(1e-9);
@@ -89,23 +99,34 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 "fraction_of_ceiling": report.decode_tokens_per_second / ceiling,
             }));
         }
-        BenchCommand::Concurrency { engine, levels, prompt_tokens, generate } => {
-            engine.init_threads();
+        BenchCommand::Concurrency {
+            engine,
+            levels,
+            prompt_tokens,
+            generate,
+        } => {
             let loaded = engine.load()?;
             let tokenizer = loaded.engine.tokenizer().clone();
             let max = levels.iter().copied().max().unwrap_or(1);
-            let prompts: Vec<Vec<u32>> = (0..max).map(|i| text_tokens(&tokenizer, i, prompt_tokens)).collect();
+            let prompts: Vec<Vec<u32>> = (0..max)
+                .map(|i| text_tokens(&tokenizer, i, prompt_tokens))
+                .collect();
             for level in levels {
                 let report = bench::concurrency(&loaded.engine, level, &prompts, generate)?;
                 print(&serde_json::json!({"bench": "concurrency", "report": report}));
             }
         }
-        BenchCommand::Prefix { engine, prefix_tokens } => {
-            engine.init_threads();
+        BenchCommand::Prefix {
+            engine,
+            prefix_tokens,
+        } => {
             let loaded = engine.load()?;
             let tokenizer = loaded.engine.tokenizer().clone();
             let prefix = text_tokens(&tokenizer, 0, prefix_tokens);
-            let a = tokenizer.encode(" Question one: what does the licence say about copies?", false);
+            let a = tokenizer.encode(
+                " Question one: what does the licence say about copies?",
+                false,
+            );
             let b = tokenizer.encode(" Question two: who may modify the program?", false);
             let report = bench::prefix_cache(&loaded.engine, &prefix, &a, &b)?;
             print(&serde_json::json!({"bench": "prefix", "report": report}));

@@ -54,44 +54,50 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_num_seqs: self.max_num_seqs,
             enable_prefix_caching: !self.no_prefix_caching,
-        }
-    }
-
-    /// Sets the kernel thread count (once per process).
-    pub fn init_threads(&self) {
-        if let Some(n) = self.threads {
-            std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-            let _ = rayon::ThreadPoolBuilder::new().num_threads(n).build_global();
+            threads: self.threads,
         }
     }
 
     /// Maps the model, builds tokenizer and template, and starts the engine.
     pub fn load(&self) -> anyhow::Result<Loaded> {
         let started = std::time::Instant::now();
-        let file = ModelFile::open(&self.model).with_context(|| format!("loading {}", self.model.display()))?;
-        let tokenizer = Tokenizer::from_gguf(file.content()).context("building the tokenizer from GGUF metadata")?;
+        let file = ModelFile::open(&self.model)
+            .with_context(|| format!("loading {}", self.model.display()))?;
+        let tokenizer = Tokenizer::from_gguf(file.content())
+            .context("building the tokenizer from GGUF metadata")?;
         let chat_template = match ChatTemplate::from_gguf(file.content()) {
             Ok(t) => Some(t),
             Err(ChatTemplateError::Missing) => {
-                tracing::warn!("the model has no chat template: /v1/chat/completions will answer 400");
+                tracing::warn!(
+                    "the model has no chat template: /v1/chat/completions will answer 400"
+                );
                 None
             }
             Err(e) => return Err(e).context("compiling the model's chat template"),
         };
         let model = Model::load(&file, self.quantize).context("loading model weights")?;
-        let engine = Engine::start(model, Arc::new(tokenizer), self.engine_config()).context("starting the engine")?;
+        let engine = Engine::start(model, Arc::new(tokenizer), self.engine_config())
+            .context("starting the engine")?;
         let load_seconds = started.elapsed().as_secs_f64();
         tracing::info!(seconds = format!("{load_seconds:.3}"), "model ready");
-        Ok(Loaded { engine, chat_template, load_seconds })
+        Ok(Loaded {
+            engine,
+            chat_template,
+            load_seconds,
+        })
     }
 }
 
 /// Parses `123`, `512MiB`, `2GiB`, `1.5GB`, `64k` into bytes.
 pub fn parse_bytes(s: &str) -> Result<usize, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("`{s}` is not a size (e.g. 512MiB, 2GiB)"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a size (e.g. 512MiB, 2GiB)"))?;
     let factor: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -100,7 +106,11 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         "mi" | "mib" => 1024.0 * 1024.0,
         "g" | "gb" => 1e9,
         "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` (use B, KiB, MiB, GiB, KB, MB, GB)"
+            ))
+        }
     };
     Ok((value * factor) as usize)
 }

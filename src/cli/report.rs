@@ -39,7 +39,9 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     let text = runtime.block_on(async {
-        let ledger = Ledger::connect(&args.database).await.with_context(|| format!("opening ledger {}", args.database))?;
+        let ledger = Ledger::connect(&args.database)
+            .await
+            .with_context(|| format!("opening ledger {}", args.database))?;
         // The CLI runs with the operator's rights: whoever can open the database reads it all.
         let principal = Principal::operator();
         let text = if args.invoice {

@@ -26,9 +26,10 @@ pub struct RuntimeArgs {
 
 /// Starts listening at once (health says 503 while loading), loads the model, then serves.
 pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
-    args.engine.init_threads();
     let prometheus = PrometheusBuilder::new()
-        .set_buckets(&[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0])
+        .set_buckets(&[
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ])
         .context("configuring metrics")?
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -49,7 +50,10 @@ pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
         let server = tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
         let engine_args = args.engine.clone();
         let loaded = tokio::task::spawn_blocking(move || engine_args.load()).await??;
-        state.set_loaded(LoadedModel { engine: loaded.engine, chat_template: loaded.chat_template });
+        state.set_loaded(LoadedModel {
+            engine: loaded.engine,
+            chat_template: loaded.chat_template,
+        });
         server.await.context("server task")?.context("serving HTTP")
     })
 }

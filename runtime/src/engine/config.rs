@@ -12,6 +12,8 @@ pub struct EngineConfig {
     /// Sequences in one step.
     pub max_num_seqs: usize,
     pub enable_prefix_caching: bool,
+    /// Kernel threads (`None`: one per core).
+    pub threads: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -22,6 +24,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 512,
             max_num_seqs: 64,
             enable_prefix_caching: true,
+            threads: None,
         }
     }
 }
@@ -29,6 +32,10 @@ impl Default for EngineConfig {
 impl EngineConfig {
     /// Blocks that fit in `kv_cache_memory` for this model.
     pub fn num_blocks(&self, model: &ModelConfig) -> usize {
-        crate::model::KvStorage::blocks_for_memory(self.kv_cache_memory, self.block_size, model.kv_bytes_per_token())
+        crate::model::KvStorage::blocks_for_memory(
+            self.kv_cache_memory,
+            self.block_size,
+            model.kv_bytes_per_token(),
+        )
     }
 }

@@ -76,10 +76,19 @@ impl EngineCore {
 
     fn accept(&mut self, command: Command) {
         match command {
-            Command::Submit { id, request, events } => {
+            Command::Submit {
+                id,
+                request,
+                events,
+            } => {
                 let prompt_len = request.prompt.len();
-                if let Err(e) = self.scheduler.add(id, request.prompt.clone(), request.max_tokens) {
-                    let _ = events.send(GenerationEvent::Error { message: e.to_string() });
+                if let Err(e) = self
+                    .scheduler
+                    .add(id, request.prompt.clone(), request.max_tokens)
+                {
+                    let _ = events.send(GenerationEvent::Error {
+                        message: e.to_string(),
+                    });
                     return;
                 }
                 self.metrics.prompt_tokens(prompt_len);
@@ -90,7 +99,12 @@ impl EngineCore {
 
     /// A dropped receiver means the client went away: free the sequence now.
     fn drop_cancelled(&mut self) {
-        let gone: Vec<SeqId> = self.seqs.iter().filter(|(_, s)| s.is_cancelled()).map(|(id, _)| *id).collect();
+        let gone: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| s.is_cancelled())
+            .map(|(id, _)| *id)
+            .collect();
         for id in gone {
             tracing::debug!(seq = id, "client gone; sequence cancelled");
             self.scheduler.finish(id);
@@ -151,8 +165,11 @@ impl EngineCore {
         self.scheduler.append_sampled(&sampled);
         let now = Instant::now();
         for (id, token) in sampled {
-            let Some(state) = self.seqs.get_mut(&id) else { continue };
-            self.metrics.token_generated(state.latency_since_last(now), state.is_first_token());
+            let Some(state) = self.seqs.get_mut(&id) else {
+                continue;
+            };
+            self.metrics
+                .token_generated(state.latency_since_last(now), state.is_first_token());
             match state.push_token(token, &self.tokenizer, context_length, now) {
                 StepOutcome::Continue => {}
                 StepOutcome::Finished(reason) => self.finish(id, reason),

@@ -26,7 +26,9 @@ use crate::scheduler::SchedulerStats;
 pub enum EngineError {
     #[error("the engine has stopped")]
     Stopped,
-    #[error("KV cache too small: {needed} tokens can never fit in {capacity} (raise --kv-cache-memory)")]
+    #[error(
+        "KV cache too small: {needed} tokens can never fit in {capacity} (raise --kv-cache-memory)"
+    )]
     TooLong { needed: usize, capacity: usize },
     #[error("{0}")]
     Invalid(String),
@@ -54,7 +56,11 @@ pub struct Engine {
 
 impl Engine {
     /// Allocates the KV memory and starts the engine thread.
-    pub fn start(model: Model, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Self, EngineError> {
+    pub fn start(
+        model: Model,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self, EngineError> {
         let model_config = Arc::new(model.config().clone());
         let num_blocks = config.num_blocks(&model_config);
         if num_blocks == 0 {
@@ -65,7 +71,12 @@ impl Engine {
                 model_config.kv_bytes_per_token()
             )));
         }
-        let kv = KvStorage::new(model_config.num_layers, num_blocks, config.block_size, model_config.kv_width());
+        let kv = KvStorage::new(
+            model_config.num_layers,
+            num_blocks,
+            config.block_size,
+            model_config.kv_width(),
+        );
         tracing::info!(
             blocks = num_blocks,
             block_size = config.block_size,
@@ -75,10 +86,24 @@ impl Engine {
         );
         let (commands, receiver) = mpsc::channel();
         let stats = Arc::new(Mutex::new(SchedulerStats::default()));
-        let core = core::EngineCore::new(model, kv, tokenizer.clone(), &config, num_blocks, stats.clone());
+        let core = core::EngineCore::new(
+            model,
+            kv,
+            tokenizer.clone(),
+            &config,
+            num_blocks,
+            stats.clone(),
+        );
+        // The loop runs on a worker of the kernels' rayon pool: parallel kernels called from
+        // outside a pool pay a cross-thread hand-off on every call (4× slower attention).
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads.unwrap_or(0))
+            .thread_name(|i| format!("tidal-kernel-{i}"))
+            .build()
+            .map_err(|e| EngineError::Invalid(format!("cannot start kernel threads: {e}")))?;
         std::thread::Builder::new()
             .name("tidal-engine".into())
-            .spawn(move || core.run(receiver))
+            .spawn(move || pool.install(move || core.run(receiver)))
             .map_err(|e| EngineError::Invalid(format!("cannot start engine thread: {e}")))?;
         Ok(Self {
             commands,
@@ -93,7 +118,10 @@ impl Engine {
 
     /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
     /// cancels the request and frees its KV blocks at the next step.
-    pub fn submit(&self, request: GenerationRequest) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
+    pub fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
         let needed = request.prompt.len() + request.max_tokens;
         if needed > self.capacity_tokens {
             return Err(EngineError::TooLong {
@@ -104,7 +132,11 @@ impl Engine {
         let (events, receiver) = unbounded_channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.commands
-            .send(Command::Submit { id, request, events })
+            .send(Command::Submit {
+                id,
+                request,
+                events,
+            })
             .map_err(|_| EngineError::Stopped)?;
         Ok(receiver)
     }

@@ -87,7 +87,13 @@ impl SeqState {
     }
 
     /// Appends a sampled token, streams any text it completes, and decides whether to stop.
-    pub fn push_token(&mut self, token: u32, tokenizer: &Tokenizer, context_length: usize, now: Instant) -> StepOutcome {
+    pub fn push_token(
+        &mut self,
+        token: u32,
+        tokenizer: &Tokenizer,
+        context_length: usize,
+        now: Instant,
+    ) -> StepOutcome {
         self.last_token_at = Some(now);
         self.generated.push(token);
         let is_eog = !self.ignore_eos && tokenizer.is_eog(token);
@@ -109,7 +115,9 @@ impl SeqState {
         if !text.is_empty() || (self.want_logprobs && !self.pending_ids.is_empty()) {
             self.emit(text);
         }
-        if self.generated.len() >= self.max_tokens || self.prompt.len() + self.generated.len() >= context_length {
+        if self.generated.len() >= self.max_tokens
+            || self.prompt.len() + self.generated.len() >= context_length
+        {
             return StepOutcome::Finished(FinishReason::Length);
         }
         StepOutcome::Continue
@@ -143,7 +151,10 @@ impl SeqState {
             cached_tokens: self.cached_tokens.unwrap_or(0),
             completion_tokens: self.generated.len(),
         };
-        let _ = self.events.send(GenerationEvent::Done { finish_reason: reason, usage });
+        let _ = self.events.send(GenerationEvent::Done {
+            finish_reason: reason,
+            usage,
+        });
     }
 
     /// Ends the request with an error event.

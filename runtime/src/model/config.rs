@@ -65,7 +65,8 @@ impl ModelConfig {
         let key = |k: &str| format!("{}.{k}", architecture.name());
         let hidden_size = uint(file, &key("embedding_length"))?;
         let num_heads = uint(file, &key("attention.head_count"))?;
-        let num_kv_heads = optional_uint(file, &key("attention.head_count_kv"))?.unwrap_or(num_heads);
+        let num_kv_heads =
+            optional_uint(file, &key("attention.head_count_kv"))?.unwrap_or(num_heads);
         let head_dim = match optional_uint(file, &key("attention.key_length"))? {
             Some(d) => d,
             None => hidden_size / num_heads.max(1),
@@ -74,7 +75,9 @@ impl ModelConfig {
         if rope_dims != head_dim {
             return Err(ModelError::BadMetadata {
                 key: key("rope.dimension_count"),
-                message: format!("partial rotary embeddings ({rope_dims} of {head_dim}) are not supported"),
+                message: format!(
+                    "partial rotary embeddings ({rope_dims} of {head_dim}) are not supported"
+                ),
             });
         }
         let rope_scaling = match optional_string(file, &key("rope.scaling.type"))? {
@@ -87,7 +90,9 @@ impl ModelConfig {
         };
         if file.tensor_info("rope_freqs.weight").is_some() {
             // Llama 3.1-style per-dimension frequency factors: refusing beats silently wrong output.
-            return Err(ModelError::UnsupportedRopeScaling("llama3 (rope_freqs.weight)".into()));
+            return Err(ModelError::UnsupportedRopeScaling(
+                "llama3 (rope_freqs.weight)".into(),
+            ));
         }
         let vocab_size = match optional_uint(file, &key("vocab_size"))? {
             Some(v) => v,
@@ -111,7 +116,8 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
-            rms_norm_eps: optional_float(file, &key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+            rms_norm_eps: optional_float(file, &key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
             rope_theta: optional_float(file, &key("rope.freq_base"))?.unwrap_or(10_000.0),
             rope_scaling,
             vocab_size,
@@ -125,14 +131,23 @@ impl ModelConfig {
             key: key.to_string(),
             message,
         };
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        {
             return Err(bad(
                 "attention.head_count_kv",
-                format!("{} query heads cannot share {} KV heads", self.num_heads, self.num_kv_heads),
+                format!(
+                    "{} query heads cannot share {} KV heads",
+                    self.num_heads, self.num_kv_heads
+                ),
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return Err(bad("attention.key_length", format!("head dim {} must be even", self.head_dim)));
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+            return Err(bad(
+                "attention.key_length",
+                format!("head dim {} must be even", self.head_dim),
+            ));
         }
         if self.num_layers == 0 || self.hidden_size == 0 || self.vocab_size == 0 {
             return Err(bad("block_count", "empty model".into()));
@@ -158,10 +173,13 @@ fn string<'a>(file: &'a ModelFile, key: &str) -> Result<&'a str, ModelError> {
 fn optional_string<'a>(file: &'a ModelFile, key: &str) -> Result<Option<&'a str>, ModelError> {
     match file.content().metadata.get(key) {
         None => Ok(None),
-        Some(v) => v.to_string().map(|s| Some(s.as_str())).map_err(|e| ModelError::BadMetadata {
-            key: key.to_string(),
-            message: e.to_string(),
-        }),
+        Some(v) => v
+            .to_string()
+            .map(|s| Some(s.as_str()))
+            .map_err(|e| ModelError::BadMetadata {
+                key: key.to_string(),
+                message: e.to_string(),
+            }),
     }
 }
 

@@ -4,7 +4,10 @@ use candle_core::quantized::GgmlDType;
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error("cannot open model file {path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path} is not a readable GGUF file: {message}")]
     Gguf { path: String, message: String },
     #[error("unsupported model architecture `{0}` (supported: llama, qwen2)")]
@@ -18,9 +21,18 @@ pub enum ModelError {
     #[error("tensor `{name}` has type {dtype:?}, which the runtime does not support")]
     UnsupportedTensorType { name: String, dtype: GgmlDType },
     #[error("tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    BadShape { name: String, expected: Vec<usize>, actual: Vec<usize> },
+    BadShape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
     #[error("tensor `{name}` lies outside the file (needs bytes {start}..{end}, file has {len})")]
-    TruncatedTensor { name: String, start: usize, end: usize, len: usize },
+    TruncatedTensor {
+        name: String,
+        start: usize,
+        end: usize,
+        len: usize,
+    },
     #[error("unsupported rope scaling `{0}` (supported: none, linear)")]
     UnsupportedRopeScaling(String),
     #[error("cannot re-quantise to {0:?}: {1}")]

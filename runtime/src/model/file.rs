@@ -28,12 +28,11 @@ impl ModelFile {
             path: shown.clone(),
             source,
         })?;
-        let content = Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| {
-            ModelError::Gguf {
+        let content =
+            Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| ModelError::Gguf {
                 path: shown,
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         Ok(Self {
             path,
             mmap: Arc::new(mmap),

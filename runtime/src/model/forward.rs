@@ -58,7 +58,11 @@ impl Model {
             load_ms = started.elapsed().as_millis() as u64,
             "model loaded"
         );
-        Ok(Self { config, weights, rope })
+        Ok(Self {
+            config,
+            weights,
+            rope,
+        })
     }
 
     /// Whether every matrix is read in place from the memory-mapped file.
@@ -78,7 +82,11 @@ impl Model {
 
     /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, one row
     /// per sequence with `want_logits`, in batch order.
-    pub fn forward(&self, batch: &ForwardBatch<'_>, kv: &mut KvStorage) -> Result<Vec<f32>, ModelError> {
+    pub fn forward(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvStorage,
+    ) -> Result<Vec<f32>, ModelError> {
         let c = &self.config;
         let n = batch.num_tokens();
         let d = c.hidden_size;
@@ -94,7 +102,10 @@ impl Model {
             for j in 0..seq.tokens.len() {
                 let pos = seq.start_pos + j;
                 let block = *seq.block_table.get(pos / bs).ok_or_else(|| {
-                    ModelError::Kernel(format!("block table of {} blocks does not cover position {pos}", seq.block_table.len()))
+                    ModelError::Kernel(format!(
+                        "block table of {} blocks does not cover position {pos}",
+                        seq.block_table.len()
+                    ))
                 })? as usize;
                 positions.push(pos);
                 slots.push(block * bs + pos % bs);
@@ -109,17 +120,34 @@ impl Model {
 
         let mut x = vec![0f32; n * d];
         let vocab = c.vocab_size as u32;
-        for (row, &tok) in x.chunks_mut(d).zip(batch.seqs.iter().flat_map(|s| s.tokens.iter())) {
+        for (row, &tok) in x
+            .chunks_mut(d)
+            .zip(batch.seqs.iter().flat_map(|s| s.tokens.iter()))
+        {
             if tok >= vocab {
-                return Err(ModelError::Kernel(format!("token id {tok} is outside the vocabulary of {vocab}")));
+                return Err(ModelError::Kernel(format!(
+                    "token id {tok} is outside the vocabulary of {vocab}"
+                )));
             }
-            self.weights.token_embedding.dequantize_row(tok as usize, row);
+            self.weights
+                .token_embedding
+                .dequantize_row(tok as usize, row);
         }
 
         let mut buffers = LayerBuffers::new(c, n);
         for (index, layer) in self.weights.layers.iter().enumerate() {
             let (k_cache, v_cache) = kv.layer_mut(index);
-            self.layer(layer, &mut x, &positions, &slots, &attn_seqs, bs, k_cache, v_cache, &mut buffers)?;
+            self.layer(
+                layer,
+                &mut x,
+                &positions,
+                &slots,
+                &attn_seqs,
+                bs,
+                k_cache,
+                v_cache,
+                &mut buffers,
+            )?;
         }
 
         // Only the rows that are sampled go through the final norm and the vocabulary matmul.
@@ -136,7 +164,12 @@ impl Model {
             return Ok(Vec::new());
         }
         let mut normed = vec![0f32; r * d];
-        rms_norm(&last_rows, &self.weights.output_norm, c.rms_norm_eps, &mut normed);
+        rms_norm(
+            &last_rows,
+            &self.weights.output_norm,
+            c.rms_norm_eps,
+            &mut normed,
+        );
         let mut logits = vec![0f32; r * c.vocab_size];
         self.weights.lm_head().matmul(&normed, r, &mut logits)?;
         Ok(logits)

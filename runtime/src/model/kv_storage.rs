@@ -50,6 +50,10 @@ impl KvStorage {
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
-        2 * self.keys.len() * self.num_blocks * self.block_size * self.kv_width * std::mem::size_of::<f32>()
+        2 * self.keys.len()
+            * self.num_blocks
+            * self.block_size
+            * self.kv_width
+            * std::mem::size_of::<f32>()
     }
 }

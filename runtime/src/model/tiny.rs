@@ -63,36 +63,104 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
     let mut rng = StdRng::seed_from_u64(spec.seed);
     let head_dim = spec.hidden / spec.heads;
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
-    let mut matrix = |name: String, rows: usize, cols: usize, dtype: GgmlDType, rng: &mut StdRng| -> Result<(), TinyModelError> {
+    let mut matrix = |name: String,
+                      rows: usize,
+                      cols: usize,
+                      dtype: GgmlDType,
+                      rng: &mut StdRng|
+     -> Result<(), TinyModelError> {
         let scale = 1.0 / (cols as f32).sqrt();
-        let data: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-scale..scale)).collect();
+        let data: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.random_range(-scale..scale))
+            .collect();
         let shape: &[usize] = if rows == 1 { &[cols] } else { &[rows, cols] };
         let t = Tensor::from_vec(data, shape, &Device::Cpu)?;
         tensors.push((name, QTensor::quantize(&t, dtype)?));
         Ok(())
     };
-    let norm = |name: String, len: usize, rng: &mut StdRng| -> Result<(String, QTensor), TinyModelError> {
-        let data: Vec<f32> = (0..len).map(|_| rng.random_range(0.8..1.2)).collect();
-        Ok((name, QTensor::quantize(&Tensor::from_vec(data, &[len][..], &Device::Cpu)?, GgmlDType::F32)?))
-    };
+    let norm =
+        |name: String, len: usize, rng: &mut StdRng| -> Result<(String, QTensor), TinyModelError> {
+            let data: Vec<f32> = (0..len).map(|_| rng.random_range(0.8..1.2)).collect();
+            Ok((
+                name,
+                QTensor::quantize(
+                    &Tensor::from_vec(data, &[len][..], &Device::Cpu)?,
+                    GgmlDType::F32,
+                )?,
+            ))
+        };
     let q_width = spec.heads * head_dim;
     let kv_width = spec.kv_heads * head_dim;
-    matrix("token_embd.weight".into(), spec.vocab, spec.hidden, spec.dtype, &mut rng)?;
+    matrix(
+        "token_embd.weight".into(),
+        spec.vocab,
+        spec.hidden,
+        spec.dtype,
+        &mut rng,
+    )?;
     if !spec.tied_embeddings {
-        matrix("output.weight".into(), spec.vocab, spec.hidden, spec.dtype, &mut rng)?;
+        matrix(
+            "output.weight".into(),
+            spec.vocab,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
     }
     let mut norms = vec![norm("output_norm.weight".into(), spec.hidden, &mut rng)?];
     for i in 0..spec.layers {
         let p = |t: &str| format!("blk.{i}.{t}");
         norms.push(norm(p("attn_norm.weight"), spec.hidden, &mut rng)?);
         norms.push(norm(p("ffn_norm.weight"), spec.hidden, &mut rng)?);
-        matrix(p("attn_q.weight"), q_width, spec.hidden, spec.dtype, &mut rng)?;
-        matrix(p("attn_k.weight"), kv_width, spec.hidden, spec.dtype, &mut rng)?;
-        matrix(p("attn_v.weight"), kv_width, spec.hidden, spec.dtype, &mut rng)?;
-        matrix(p("attn_output.weight"), spec.hidden, q_width, spec.dtype, &mut rng)?;
-        matrix(p("ffn_gate.weight"), spec.ffn, spec.hidden, spec.dtype, &mut rng)?;
-        matrix(p("ffn_up.weight"), spec.ffn, spec.hidden, spec.dtype, &mut rng)?;
-        matrix(p("ffn_down.weight"), spec.hidden, spec.ffn, spec.dtype, &mut rng)?;
+        matrix(
+            p("attn_q.weight"),
+            q_width,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("attn_k.weight"),
+            kv_width,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("attn_v.weight"),
+            kv_width,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("attn_output.weight"),
+            spec.hidden,
+            q_width,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("ffn_gate.weight"),
+            spec.ffn,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("ffn_up.weight"),
+            spec.ffn,
+            spec.hidden,
+            spec.dtype,
+            &mut rng,
+        )?;
+        matrix(
+            p("ffn_down.weight"),
+            spec.hidden,
+            spec.ffn,
+            spec.dtype,
+            &mut rng,
+        )?;
         if spec.architecture == Architecture::Qwen2 {
             matrix(p("attn_q.bias"), 1, q_width, GgmlDType::F32, &mut rng)?;
             matrix(p("attn_k.bias"), 1, kv_width, GgmlDType::F32, &mut rng)?;
@@ -106,7 +174,13 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
     // A byte-level vocabulary: the 256 byte pieces would not fit a tiny vocab, so tokens are
     // printable ASCII characters plus bos/eos.
     let mut tokens = vec![Value::String("<s>".into()), Value::String("</s>".into())];
-    tokens.extend((0..spec.vocab - 2).map(|i| Value::String(char::from(b'!' + (i % 94) as u8).to_string().repeat(1 + i / 94))));
+    tokens.extend((0..spec.vocab - 2).map(|i| {
+        Value::String(
+            char::from(b'!' + (i % 94) as u8)
+                .to_string()
+                .repeat(1 + i / 94),
+        )
+    }));
     let metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         ("general.name".into(), Value::String(format!("tiny-{arch}"))),
@@ -115,7 +189,10 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
         (key("block_count"), Value::U32(spec.layers as u32)),
         (key("feed_forward_length"), Value::U32(spec.ffn as u32)),
         (key("attention.head_count"), Value::U32(spec.heads as u32)),
-        (key("attention.head_count_kv"), Value::U32(spec.kv_heads as u32)),
+        (
+            key("attention.head_count_kv"),
+            Value::U32(spec.kv_heads as u32),
+        ),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
         (key("rope.freq_base"), Value::F32(10_000.0)),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),

@@ -16,19 +16,58 @@ use super::file::ModelFile;
 macro_rules! with_block_type {
     ($dtype:expr, $t:ident => $body:expr, else $other:expr) => {
         match $dtype {
-            GgmlDType::F32 => { type $t = f32; $body }
-            GgmlDType::F16 => { type $t = f16; $body }
-            GgmlDType::BF16 => { type $t = bf16; $body }
-            GgmlDType::Q4_0 => { type $t = BlockQ4_0; $body }
-            GgmlDType::Q4_1 => { type $t = BlockQ4_1; $body }
-            GgmlDType::Q5_0 => { type $t = BlockQ5_0; $body }
-            GgmlDType::Q5_1 => { type $t = BlockQ5_1; $body }
-            GgmlDType::Q8_0 => { type $t = BlockQ8_0; $body }
-            GgmlDType::Q2K => { type $t = BlockQ2K; $body }
-            GgmlDType::Q3K => { type $t = BlockQ3K; $body }
-            GgmlDType::Q4K => { type $t = BlockQ4K; $body }
-            GgmlDType::Q5K => { type $t = BlockQ5K; $body }
-            GgmlDType::Q6K => { type $t = BlockQ6K; $body }
+            GgmlDType::F32 => {
+                type $t = f32;
+                $body
+            }
+            GgmlDType::F16 => {
+                type $t = f16;
+                $body
+            }
+            GgmlDType::BF16 => {
+                type $t = bf16;
+                $body
+            }
+            GgmlDType::Q4_0 => {
+                type $t = BlockQ4_0;
+                $body
+            }
+            GgmlDType::Q4_1 => {
+                type $t = BlockQ4_1;
+                $body
+            }
+            GgmlDType::Q5_0 => {
+                type $t = BlockQ5_0;
+                $body
+            }
+            GgmlDType::Q5_1 => {
+                type $t = BlockQ5_1;
+                $body
+            }
+            GgmlDType::Q8_0 => {
+                type $t = BlockQ8_0;
+                $body
+            }
+            GgmlDType::Q2K => {
+                type $t = BlockQ2K;
+                $body
+            }
+            GgmlDType::Q3K => {
+                type $t = BlockQ3K;
+                $body
+            }
+            GgmlDType::Q4K => {
+                type $t = BlockQ4K;
+                $body
+            }
+            GgmlDType::Q5K => {
+                type $t = BlockQ5K;
+                $body
+            }
+            GgmlDType::Q6K => {
+                type $t = BlockQ6K;
+                $body
+            }
             _ => $other,
         }
     };
@@ -63,14 +102,19 @@ impl std::str::FromStr for QuantizeTo {
             "q4_1" => Ok(Self::Q4_1),
             "q8_0" => Ok(Self::Q8_0),
             "f16" => Ok(Self::F16),
-            other => Err(format!("unknown quantisation `{other}` (expected q4_0, q4_1, q8_0 or f16)")),
+            other => Err(format!(
+                "unknown quantisation `{other}` (expected q4_0, q4_1, q8_0 or f16)"
+            )),
         }
     }
 }
 
 enum Storage {
     /// Bytes inside the memory-mapped file: loading copies nothing.
-    Mapped { mmap: Arc<Mmap>, range: Range<usize> },
+    Mapped {
+        mmap: Arc<Mmap>,
+        range: Range<usize>,
+    },
     /// Re-quantised at load; `u64` words keep every block type aligned.
     Owned { words: Vec<u64>, len: usize },
 }
@@ -110,7 +154,7 @@ impl Weight {
                 dtype: info.ggml_dtype,
             });
         }
-        if cols % info.ggml_dtype.block_size() != 0 {
+        if !cols.is_multiple_of(info.ggml_dtype.block_size()) {
             return Err(ModelError::BadShape {
                 name: name.to_string(),
                 expected: vec![rows, cols.next_multiple_of(info.ggml_dtype.block_size())],
@@ -122,11 +166,14 @@ impl Weight {
             dtype: info.ggml_dtype,
             rows,
             cols,
-            storage: Storage::Mapped { mmap: file.mmap().clone(), range },
+            storage: Storage::Mapped {
+                mmap: file.mmap().clone(),
+                range,
+            },
         };
         // GGUF aligns tensor data (32 bytes by default), so a misaligned tensor is a broken
         // file or an exotic alignment: copy it rather than read it unaligned.
-        if weight.bytes().as_ptr() as usize % 8 != 0 {
+        if !(weight.bytes().as_ptr() as usize).is_multiple_of(8) {
             return Ok(weight.to_owned_copy());
         }
         Ok(weight)
@@ -141,7 +188,10 @@ impl Weight {
             dtype: self.dtype,
             rows: self.rows,
             cols: self.cols,
-            storage: Storage::Owned { words, len: bytes.len() },
+            storage: Storage::Owned {
+                words,
+                len: bytes.len(),
+            },
         }
     }
 
@@ -219,10 +269,15 @@ impl Weight {
         if dtype == self.dtype {
             return Ok(self);
         }
-        if self.cols % dtype.block_size() != 0 {
+        if !self.cols.is_multiple_of(dtype.block_size()) {
             return Err(ModelError::Quantize(
                 dtype,
-                format!("{} has {} columns, not a multiple of {}", self.name, self.cols, dtype.block_size()),
+                format!(
+                    "{} has {} columns, not a multiple of {}",
+                    self.name,
+                    self.cols,
+                    dtype.block_size()
+                ),
             ));
         }
         let len = self.rows * self.cols / dtype.block_size() * dtype.type_size();
@@ -233,7 +288,10 @@ impl Weight {
             self.dequantize_row(row, &mut row_f32);
             // SAFETY: `words` holds `len` bytes; each row writes its own byte range.
             let dst = unsafe {
-                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>().add(row * row_bytes), row_bytes)
+                std::slice::from_raw_parts_mut(
+                    words.as_mut_ptr().cast::<u8>().add(row * row_bytes),
+                    row_bytes,
+                )
             };
             with_block_type!(dtype, T => T::from_float(&row_f32, blocks_mut::<T>(dst)), else ());
         }
@@ -250,18 +308,38 @@ impl Weight {
 /// Views GGML bytes as blocks. Blocks are plain-old-data `repr(C)` structs of f16/u8/i8
 /// fields, so every bit pattern is valid; alignment is checked at load.
 fn blocks<T>(bytes: &[u8]) -> &[T] {
-    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned weight");
+    assert_eq!(
+        bytes.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "misaligned weight"
+    );
     // SAFETY: see above; length is rounded down to whole blocks.
-    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / std::mem::size_of::<T>()) }
+    unsafe {
+        std::slice::from_raw_parts(
+            bytes.as_ptr().cast::<T>(),
+            bytes.len() / std::mem::size_of::<T>(),
+        )
+    }
 }
 
 fn blocks_mut<T>(bytes: &mut [u8]) -> &mut [T] {
-    assert_eq!(bytes.as_ptr() as usize % std::mem::align_of::<T>(), 0, "misaligned weight");
+    assert_eq!(
+        bytes.as_ptr() as usize % std::mem::align_of::<T>(),
+        0,
+        "misaligned weight"
+    );
     // SAFETY: as `blocks`; the buffer starts zeroed, a valid value of every block type.
-    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / std::mem::size_of::<T>()) }
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            bytes.as_mut_ptr().cast::<T>(),
+            bytes.len() / std::mem::size_of::<T>(),
+        )
+    }
 }
 
 fn bytemuck_copy(bytes: &[u8], words: &mut [u64]) {
     // SAFETY: `words` has at least `bytes.len()` bytes.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), bytes.len()) }
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), words.as_mut_ptr().cast::<u8>(), bytes.len())
+    }
 }

@@ -30,7 +30,11 @@ pub(crate) struct ModelWeights {
 
 impl ModelWeights {
     /// Maps every tensor the forward pass needs and checks its shape.
-    pub fn load(file: &ModelFile, config: &ModelConfig, quantize: Option<QuantizeTo>) -> Result<Self, ModelError> {
+    pub fn load(
+        file: &ModelFile,
+        config: &ModelConfig,
+        quantize: Option<QuantizeTo>,
+    ) -> Result<Self, ModelError> {
         let d = config.hidden_size;
         let q_width = config.num_heads * config.head_dim;
         let kv_width = config.kv_width();
@@ -50,7 +54,9 @@ impl ModelWeights {
         let bias = |name: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
             match file.tensor_info(name) {
                 Some(_) => vector(name, len).map(Some),
-                None if config.architecture == Architecture::Qwen2 => Err(ModelError::MissingTensor(name.into())),
+                None if config.architecture == Architecture::Qwen2 => {
+                    Err(ModelError::MissingTensor(name.into()))
+                }
                 None => Ok(None),
             }
         };
@@ -95,8 +101,13 @@ impl ModelWeights {
 
     /// Every matrix (the large tensors; norms and biases are small f32 copies).
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
-        let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
-        std::iter::once(&self.token_embedding).chain(self.output.as_ref()).chain(layers)
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        std::iter::once(&self.token_embedding)
+            .chain(self.output.as_ref())
+            .chain(layers)
     }
 
     /// The matrix that produces logits.

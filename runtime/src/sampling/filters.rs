@@ -24,7 +24,7 @@ pub(crate) fn top_k(cands: &mut Vec<(u32, f32)>, k: usize) {
 pub(crate) fn to_weights(cands: &mut [(u32, f32)]) {
     let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
     for c in cands.iter_mut() {
-        c.1 = (c.1 - max).exp();
+        c.1 = super::logprobs::exp_neg(c.1 - max);
     }
 }
 

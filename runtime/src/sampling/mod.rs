@@ -63,12 +63,13 @@ impl Sampler {
         prompt: &[u32],
         generated: &[u32],
     ) -> SampledToken {
+        // NaN -> -inf, +inf -> f32::MAX; branch-free so the loop vectorises.
         for l in logits.iter_mut() {
-            if l.is_nan() {
-                *l = f32::NEG_INFINITY;
-            } else if *l == f32::INFINITY {
-                *l = f32::MAX;
-            }
+            *l = if l.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                l.min(f32::MAX)
+            };
         }
         let lse = logprobs::log_sum_exp(logits);
         let top_logprobs = match self.params.top_logprobs {
@@ -76,7 +77,9 @@ impl Sampler {
             _ => Vec::new(),
         };
         let originals = penalties::apply_penalties(logits, prompt, generated, &self.params);
-        let id = if self.params.temperature <= 0.0 || self.params.top_k == 1 {
+        // All logits -inf (lse = -inf) leaves nothing to weigh: argmax gives id 0.
+        let greedy = self.params.temperature <= 0.0 || self.params.top_k == 1;
+        let id = if greedy || lse == f32::NEG_INFINITY {
             argmax(logits)
         } else {
             self.draw(logits)

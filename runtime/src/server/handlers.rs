@@ -15,7 +15,10 @@ use super::respond::{respond, Endpoint};
 use super::{prepare, HttpError, ServerState};
 use crate::engine::EngineError;
 
-pub async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Result<Response, HttpError> {
+pub async fn chat_completions(
+    State(state): State<Arc<ServerState>>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
     let req: ChatCompletionRequest = parse_json(&body)?;
     check_model(&state, &req.model)?;
     let model = state.loaded()?;
@@ -23,7 +26,10 @@ pub async fn chat_completions(State(state): State<Arc<ServerState>>, body: Bytes
     run(&state, prepared, Endpoint::Chat).await
 }
 
-pub async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> Result<Response, HttpError> {
+pub async fn completions(
+    State(state): State<Arc<ServerState>>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
     let req: CompletionRequest = parse_json(&body)?;
     check_model(&state, &req.model)?;
     let model = state.loaded()?;
@@ -31,14 +37,21 @@ pub async fn completions(State(state): State<Arc<ServerState>>, body: Bytes) -> 
     run(&state, prepared, Endpoint::Completion).await
 }
 
-async fn run(state: &ServerState, prepared: prepare::Prepared, endpoint: Endpoint) -> Result<Response, HttpError> {
+async fn run(
+    state: &ServerState,
+    prepared: prepare::Prepared,
+    endpoint: Endpoint,
+) -> Result<Response, HttpError> {
     let model = state.loaded()?;
     let prompt_tokens = prepared.request.prompt.len();
-    let events = model.engine.submit(prepared.request.clone()).map_err(|e| match e {
-        EngineError::TooLong { .. } => ApiError::invalid("max_tokens", e.to_string()),
-        EngineError::Invalid(m) => ApiError::bad_request(m),
-        EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
-    })?;
+    let events = model
+        .engine
+        .submit(prepared.request.clone())
+        .map_err(|e| match e {
+            EngineError::TooLong { .. } => ApiError::invalid("max_tokens", e.to_string()),
+            EngineError::Invalid(m) => ApiError::bad_request(m),
+            EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
+        })?;
     respond(state, model, endpoint, prepared, prompt_tokens, events).await
 }
 
@@ -50,7 +63,10 @@ fn check_model(state: &ServerState, model: &str) -> Result<(), HttpError> {
 }
 
 pub async fn models(State(state): State<Arc<ServerState>>) -> Json<ModelList> {
-    let context_length = state.loaded.get().map(|m| m.engine.model_config().context_length);
+    let context_length = state
+        .loaded
+        .get()
+        .map(|m| m.engine.model_config().context_length);
     Json(ModelList::new(vec![ModelCard {
         id: state.model_name.clone(),
         object: "model".into(),
@@ -69,7 +85,11 @@ pub async fn health(State(state): State<Arc<ServerState>>) -> Response {
 
 pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     match &state.prometheus {
-        Some(handle) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response(),
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response(),
         None => HttpError(ApiError {
             status: 404,
             message: "metrics are not enabled in this process".into(),

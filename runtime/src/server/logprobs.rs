@@ -9,7 +9,10 @@ use tidal_tokenizer::Tokenizer;
 use crate::engine::TokenLogprob;
 
 fn piece(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
-    let bytes = tokenizer.token_to_piece(id).map(<[u8]>::to_vec).unwrap_or_default();
+    let bytes = tokenizer
+        .token_to_piece(id)
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
@@ -28,7 +31,11 @@ pub fn chat(tokenizer: &Tokenizer, items: &[TokenLogprob]) -> Vec<ChatTokenLogpr
                     .iter()
                     .map(|&(id, logprob)| {
                         let (token, bytes) = piece(tokenizer, id);
-                        TopLogprob { token, logprob, bytes }
+                        TopLogprob {
+                            token,
+                            logprob,
+                            bytes,
+                        }
                     })
                     .collect(),
             }
@@ -37,7 +44,12 @@ pub fn chat(tokenizer: &Tokenizer, items: &[TokenLogprob]) -> Vec<ChatTokenLogpr
 }
 
 /// Legacy completions format; `offset` is the text length before these tokens.
-pub fn completion(tokenizer: &Tokenizer, items: &[TokenLogprob], offset: usize, into: &mut CompletionLogprobs) {
+pub fn completion(
+    tokenizer: &Tokenizer,
+    items: &[TokenLogprob],
+    offset: usize,
+    into: &mut CompletionLogprobs,
+) {
     let mut at = offset;
     for lp in items {
         let (token, _) = piece(tokenizer, lp.token);

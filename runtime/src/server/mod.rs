@@ -57,9 +57,11 @@ impl ServerState {
     }
 
     fn loaded(&self) -> Result<&LoadedModel, HttpError> {
-        self.loaded
-            .get()
-            .ok_or_else(|| HttpError(tidal_protocol::ApiError::unavailable("the model is still loading")))
+        self.loaded.get().ok_or_else(|| {
+            HttpError(tidal_protocol::ApiError::unavailable(
+                "the model is still loading",
+            ))
+        })
     }
 }
 

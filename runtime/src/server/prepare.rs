@@ -30,13 +30,26 @@ pub fn chat(model: &LoadedModel, req: &ChatCompletionRequest) -> Result<Prepared
             "this model has no chat template (tokenizer.chat_template); use /v1/completions with a prompt",
         )
     })?;
-    let messages: Vec<ChatMessage> = messages.into_iter().map(|m| ChatMessage::new(m.role, m.content)).collect();
+    let messages: Vec<ChatMessage> = messages
+        .into_iter()
+        .map(|m| ChatMessage::new(m.role, m.content))
+        .collect();
     let text = template.render(&messages, true).map_err(|e| match e {
         ChatTemplateError::Raised(message) => ApiError::invalid("messages", message),
-        other => ApiError::invalid("messages", format!("cannot apply the chat template: {other}")),
+        other => ApiError::invalid(
+            "messages",
+            format!("cannot apply the chat template: {other}"),
+        ),
     })?;
     let prompt = encode_with_bos(model.engine.tokenizer(), &text);
-    finish(model, prompt, max_tokens, sampling, req.sampling.stream, req.sampling.include_usage())
+    finish(
+        model,
+        prompt,
+        max_tokens,
+        sampling,
+        req.sampling.stream,
+        req.sampling.include_usage(),
+    )
 }
 
 /// Validates a text completion request and tokenises its prompt.
@@ -50,12 +63,22 @@ pub fn completion(model: &LoadedModel, req: &CompletionRequest) -> Result<Prepar
         Prompt::Tokens(ids) => {
             let vocab = model.engine.model_config().vocab_size;
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the vocabulary (size {vocab})")));
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                ));
             }
             ids
         }
     };
-    finish(model, prompt, Some(max_tokens), sampling, req.sampling.stream, req.sampling.include_usage())
+    finish(
+        model,
+        prompt,
+        Some(max_tokens),
+        sampling,
+        req.sampling.stream,
+        req.sampling.include_usage(),
+    )
 }
 
 /// Adds the model's BOS token when it wants one and the text did not already bring it (chat
@@ -80,7 +103,10 @@ fn finish(
 ) -> Result<Prepared, ApiError> {
     let context = model.engine.model_config().context_length;
     if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt encodes to no tokens"));
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt encodes to no tokens",
+        ));
     }
     // Without max_tokens a reply may run to the end of the context window, or of the KV
     // cache when that is smaller.

@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use tidal_protocol::chat::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta, ChoiceLogprobs,
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
+    ChoiceLogprobs,
 };
 use tidal_protocol::completion::{Completion, CompletionChoice, CompletionLogprobs};
 use tidal_protocol::usage::Usage;
@@ -63,7 +64,9 @@ pub async fn respond(
         tokenizer: model.engine.tokenizer().clone(),
     };
     if prepared.stream {
-        Ok(Sse::new(sse_stream(ctx, events)).keep_alive(KeepAlive::default()).into_response())
+        Ok(Sse::new(sse_stream(ctx, events))
+            .keep_alive(KeepAlive::default())
+            .into_response())
     } else {
         collect(ctx, events).await.map(IntoResponse::into_response)
     }
@@ -79,22 +82,37 @@ struct Ctx {
     tokenizer: std::sync::Arc<tidal_tokenizer::Tokenizer>,
 }
 
-async fn collect(ctx: Ctx, mut events: UnboundedReceiver<GenerationEvent>) -> Result<Json<serde_json::Value>, HttpError> {
+async fn collect(
+    ctx: Ctx,
+    mut events: UnboundedReceiver<GenerationEvent>,
+) -> Result<Json<serde_json::Value>, HttpError> {
     let mut text = String::new();
     let mut chat_lp = Vec::new();
     let mut completion_lp = CompletionLogprobs::default();
     while let Some(event) = events.recv().await {
         match event {
-            GenerationEvent::Delta { text: t, logprobs: lps, .. } => {
+            GenerationEvent::Delta {
+                text: t,
+                logprobs: lps,
+                ..
+            } => {
                 if ctx.logprobs {
                     match ctx.endpoint {
                         Endpoint::Chat => chat_lp.extend(logprobs::chat(&ctx.tokenizer, &lps)),
-                        Endpoint::Completion => logprobs::completion(&ctx.tokenizer, &lps, text.len(), &mut completion_lp),
+                        Endpoint::Completion => logprobs::completion(
+                            &ctx.tokenizer,
+                            &lps,
+                            text.len(),
+                            &mut completion_lp,
+                        ),
                     }
                 }
                 text.push_str(&t);
             }
-            GenerationEvent::Done { finish_reason, usage: u } => {
+            GenerationEvent::Done {
+                finish_reason,
+                usage: u,
+            } => {
                 let finish = Some(finish_reason.as_str().to_string());
                 let body = match ctx.endpoint {
                     Endpoint::Chat => serde_json::to_value(ChatCompletion {
@@ -104,7 +122,10 @@ async fn collect(ctx: Ctx, mut events: UnboundedReceiver<GenerationEvent>) -> Re
                         model: ctx.model_name,
                         choices: vec![ChatChoice {
                             index: 0,
-                            message: AssistantMessage { role: "assistant".into(), content: text },
+                            message: AssistantMessage {
+                                role: "assistant".into(),
+                                content: text,
+                            },
                             logprobs: ctx.logprobs.then_some(ChoiceLogprobs { content: chat_lp }),
                             finish_reason: finish,
                         }],
@@ -124,23 +145,40 @@ async fn collect(ctx: Ctx, mut events: UnboundedReceiver<GenerationEvent>) -> Re
                         usage: Some(usage(u)),
                     }),
                 };
-                return body.map(Json).map_err(|e| HttpError(ApiError::internal(e.to_string())));
+                return body
+                    .map(Json)
+                    .map_err(|e| HttpError(ApiError::internal(e.to_string())));
             }
-            GenerationEvent::Error { message } => return Err(HttpError(ApiError::internal(message))),
+            GenerationEvent::Error { message } => {
+                return Err(HttpError(ApiError::internal(message)))
+            }
         }
     }
-    Err(HttpError(ApiError::internal("the engine ended the request without a result")))
+    Err(HttpError(ApiError::internal(
+        "the engine ended the request without a result",
+    )))
 }
 
 impl Ctx {
-    fn chunk(&self, delta: ChatDelta, logprobs: Option<ChoiceLogprobs>, finish: Option<String>, text: String) -> Event {
+    fn chunk(
+        &self,
+        delta: ChatDelta,
+        logprobs: Option<ChoiceLogprobs>,
+        finish: Option<String>,
+        text: String,
+    ) -> Event {
         let value = match self.endpoint {
             Endpoint::Chat => serde_json::to_value(ChatCompletionChunk {
                 id: self.id.clone(),
                 object: "chat.completion.chunk".into(),
                 created: self.created,
                 model: self.model_name.clone(),
-                choices: vec![ChatChunkChoice { index: 0, delta, logprobs, finish_reason: finish }],
+                choices: vec![ChatChunkChoice {
+                    index: 0,
+                    delta,
+                    logprobs,
+                    finish_reason: finish,
+                }],
                 usage: None,
             }),
             Endpoint::Completion => serde_json::to_value(Completion {
@@ -148,7 +186,12 @@ impl Ctx {
                 object: "text_completion".into(),
                 created: self.created,
                 model: self.model_name.clone(),
-                choices: vec![CompletionChoice { index: 0, text, logprobs: None, finish_reason: finish }],
+                choices: vec![CompletionChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: finish,
+                }],
                 usage: None,
             }),
         };
@@ -191,30 +234,53 @@ enum StreamState {
     Done,
 }
 
-fn sse_stream(ctx: Ctx, events: UnboundedReceiver<GenerationEvent>) -> impl Stream<Item = Result<Event, Infallible>> {
+fn sse_stream(
+    ctx: Ctx,
+    events: UnboundedReceiver<GenerationEvent>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     stream::unfold(StreamState::Start(ctx, events), |state| async move {
         match state {
             StreamState::Start(ctx, events) => {
                 // OpenAI opens a chat stream with the assistant role and empty content.
                 let first = (ctx.endpoint == Endpoint::Chat).then(|| {
                     ctx.chunk(
-                        ChatDelta { role: Some("assistant".into()), content: Some(String::new()) },
+                        ChatDelta {
+                            role: Some("assistant".into()),
+                            content: Some(String::new()),
+                        },
                         None,
                         None,
                         String::new(),
                     )
                 });
-                Some((first.into_iter().collect::<Vec<_>>(), StreamState::Running(ctx, events, 0)))
+                Some((
+                    first.into_iter().collect::<Vec<_>>(),
+                    StreamState::Running(ctx, events, 0),
+                ))
             }
             StreamState::Running(ctx, mut events, offset) => match events.recv().await {
-                Some(GenerationEvent::Delta { text, logprobs: lps, .. }) => {
+                Some(GenerationEvent::Delta {
+                    text,
+                    logprobs: lps,
+                    ..
+                }) => {
                     if text.is_empty() && lps.is_empty() {
                         return Some((vec![], StreamState::Running(ctx, events, offset)));
                     }
                     let event = match ctx.endpoint {
                         Endpoint::Chat => {
-                            let lp = ctx.logprobs.then(|| ChoiceLogprobs { content: logprobs::chat(&ctx.tokenizer, &lps) });
-                            ctx.chunk(ChatDelta { role: None, content: Some(text.clone()) }, lp, None, String::new())
+                            let lp = ctx.logprobs.then(|| ChoiceLogprobs {
+                                content: logprobs::chat(&ctx.tokenizer, &lps),
+                            });
+                            ctx.chunk(
+                                ChatDelta {
+                                    role: None,
+                                    content: Some(text.clone()),
+                                },
+                                lp,
+                                None,
+                                String::new(),
+                            )
                         }
                         Endpoint::Completion => {
                             let mut lp = CompletionLogprobs::default();
@@ -238,8 +304,16 @@ fn sse_stream(ctx: Ctx, events: UnboundedReceiver<GenerationEvent>) -> impl Stre
                     let offset = offset + text.len();
                     Some((vec![event], StreamState::Running(ctx, events, offset)))
                 }
-                Some(GenerationEvent::Done { finish_reason, usage: u }) => {
-                    let mut out = vec![ctx.chunk(ChatDelta::default(), None, Some(finish_reason.as_str().into()), String::new())];
+                Some(GenerationEvent::Done {
+                    finish_reason,
+                    usage: u,
+                }) => {
+                    let mut out = vec![ctx.chunk(
+                        ChatDelta::default(),
+                        None,
+                        Some(finish_reason.as_str().into()),
+                        String::new(),
+                    )];
                     if ctx.include_usage {
                         out.push(ctx.usage_chunk(usage(u)));
                     }
@@ -248,10 +322,15 @@ fn sse_stream(ctx: Ctx, events: UnboundedReceiver<GenerationEvent>) -> impl Stre
                 }
                 Some(GenerationEvent::Error { message }) => {
                     let body = ApiError::internal(message).body().to_string();
-                    Some((vec![Event::default().data(body), Event::default().data("[DONE]")], StreamState::Done))
+                    Some((
+                        vec![Event::default().data(body), Event::default().data("[DONE]")],
+                        StreamState::Done,
+                    ))
                 }
                 None => {
-                    let body = ApiError::internal("the engine ended the request without a result").body().to_string();
+                    let body = ApiError::internal("the engine ended the request without a result")
+                        .body()
+                        .to_string();
                     Some((vec![Event::default().data(body)], StreamState::Done))
                 }
             },

@@ -24,7 +24,7 @@ enum Command {
     Report(cli::report::ReportArgs),
     /// Replay a request trace through the autoscaling policy and the baselines; prints cost
     /// and latency side by side.
-    Sim(tidal_autoscaler::sim::SimArgs),
+    Sim(Box<tidal_autoscaler::sim::SimArgs>),
 }
 
 fn main() -> anyhow::Result<()> {

@@ -13,7 +13,7 @@
 //!   API key, admins every tenant and the platform view. `tidal billing` serves it next to
 //!   the consumer.
 //! - Pure logic with its own tests: [`money`] (units and the rounding rule), [`price`],
-//!   [`usage`], [`report`], [`invoice`], [`platform`], [`access`], [`keys`].
+//!   [`usage`], [`report`](mod@report), [`invoice`](mod@invoice), [`platform`], [`access`], [`keys`].
 //! - [`bench::bench_ingest`] for `tidal bench billing`; [`bench_stream::bench_stream_ingest`]
 //!   for the whole path (usage stream → consumer → ledger → ack).
 
@@ -51,7 +51,7 @@ pub use usage::{CapacityType, UsageRecord};
 
 use chrono::{DateTime, Utc};
 
-/// Output format of [`report`] and [`invoice`].
+/// Output format of [`report()`] and [`invoice()`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     /// Pretty JSON.

@@ -373,3 +373,15 @@ async fn undecodable_event_does_not_stall_the_consumer() {
     ledger.close().await;
     db.drop_db().await.unwrap();
 }
+
+/// The end-to-end benchmark drains what it publishes, in full batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_benchmark_consumes_everything() {
+    let broker = memory_broker();
+    let r = tidal_billing::bench_stream::bench_stream_ingest("sqlite:", broker.clone(), 2_000, 500)
+        .await
+        .unwrap();
+    assert_eq!((r.events, r.batch_size, r.batches), (2_000, 500, 4));
+    assert!(r.consume_events_per_sec > 0.0 && r.publish_events_per_sec > 0.0);
+    assert_nothing_pending(&broker).await;
+}

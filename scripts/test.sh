@@ -10,4 +10,14 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 bash scripts/services.sh
 bash scripts/fetch-model.sh >/dev/null
 
-cargo test --workspace --all-targets "$@"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --all-targets "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+
+# One closing line over every test binary (cargo prints one `test result:` line per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1); if ($(i) ~ /^ignored;?$/) s += $(i-1) } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
+exit "$status"

@@ -12,7 +12,7 @@ use tidal_protocol::models::{ModelCard, ModelList};
 use tidal_protocol::ApiError;
 
 use super::respond::{respond, Endpoint};
-use super::{prepare, HttpError, ServerState};
+use super::{prepare, HttpError, LoadedModel, ServerState};
 use crate::engine::EngineError;
 
 pub async fn chat_completions(
@@ -23,7 +23,7 @@ pub async fn chat_completions(
     check_model(&state, &req.model)?;
     let model = state.loaded()?;
     let prepared = prepare::chat(model, &req)?;
-    run(&state, prepared, Endpoint::Chat).await
+    run(&state, model, prepared, Endpoint::Chat).await
 }
 
 pub async fn completions(
@@ -34,25 +34,21 @@ pub async fn completions(
     check_model(&state, &req.model)?;
     let model = state.loaded()?;
     let prepared = prepare::completion(model, &req)?;
-    run(&state, prepared, Endpoint::Completion).await
+    run(&state, model, prepared, Endpoint::Completion).await
 }
 
 async fn run(
     state: &ServerState,
+    model: &LoadedModel,
     prepared: prepare::Prepared,
     endpoint: Endpoint,
 ) -> Result<Response, HttpError> {
-    let model = state.loaded()?;
-    let prompt_tokens = prepared.request.prompt.len();
-    let events = model
-        .engine
-        .submit(prepared.request.clone())
-        .map_err(|e| match e {
-            EngineError::TooLong { .. } => ApiError::invalid("max_tokens", e.to_string()),
-            EngineError::Invalid(m) => ApiError::bad_request(m),
-            EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
-        })?;
-    respond(state, model, endpoint, prepared, prompt_tokens, events).await
+    let events = model.engine.submit(prepared.request).map_err(|e| match e {
+        EngineError::TooLong { .. } => ApiError::invalid("max_tokens", e.to_string()),
+        EngineError::Invalid(m) => ApiError::bad_request(m),
+        EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
+    })?;
+    respond(state, model, endpoint, prepared.shape, events).await
 }
 
 fn check_model(state: &ServerState, model: &str) -> Result<(), HttpError> {

@@ -10,12 +10,18 @@ use super::LoadedModel;
 use crate::engine::GenerationRequest;
 use crate::sampling::SamplingParams;
 
-/// A request ready for the engine, plus what the response needs.
-pub struct Prepared {
-    pub request: GenerationRequest,
+/// How the response is shaped.
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseShape {
     pub stream: bool,
     pub include_usage: bool,
     pub logprobs: bool,
+}
+
+/// A request ready for the engine, plus what the response needs.
+pub struct Prepared {
+    pub request: GenerationRequest,
+    pub shape: ResponseShape,
 }
 
 /// Validates a chat request and renders its messages through the model's chat template.
@@ -143,8 +149,10 @@ fn finish(
             stop_token_ids: sampling.stop_token_ids,
             ignore_eos: sampling.ignore_eos,
         },
-        stream,
-        include_usage,
-        logprobs,
+        shape: ResponseShape {
+            stream,
+            include_usage,
+            logprobs,
+        },
     })
 }

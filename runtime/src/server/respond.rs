@@ -1,6 +1,7 @@
 //! Engine events → OpenAI responses: one JSON body, or an SSE stream ending with `[DONE]`.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -13,11 +14,12 @@ use tidal_protocol::chat::{
 use tidal_protocol::completion::{Completion, CompletionChoice, CompletionLogprobs};
 use tidal_protocol::usage::Usage;
 use tidal_protocol::ApiError;
+use tidal_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::prepare::Prepared;
+use super::prepare::ResponseShape;
 use super::{logprobs, HttpError, LoadedModel, ServerState};
-use crate::engine::{GenerationEvent, Usage as EngineUsage};
+use crate::engine::{FinishReason, GenerationEvent, TokenLogprob, Usage as EngineUsage};
 
 /// Which OpenAI endpoint the response is for.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -37,33 +39,27 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn response_id(endpoint: Endpoint) -> String {
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completion => "cmpl",
-    };
-    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
-}
-
 /// Builds the HTTP response for a submitted request.
 pub async fn respond(
     state: &ServerState,
     model: &LoadedModel,
     endpoint: Endpoint,
-    prepared: Prepared,
-    _prompt_tokens: usize,
+    shape: ResponseShape,
     events: UnboundedReceiver<GenerationEvent>,
 ) -> Result<Response, HttpError> {
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
     let ctx = Ctx {
-        id: response_id(endpoint),
+        id: format!("{prefix}-{}", uuid::Uuid::now_v7().simple()),
         created: now_secs(),
         model_name: state.model_name.clone(),
         endpoint,
-        logprobs: prepared.logprobs,
-        include_usage: prepared.include_usage,
+        shape,
         tokenizer: model.engine.tokenizer().clone(),
     };
-    if prepared.stream {
+    if shape.stream {
         Ok(Sse::new(sse_stream(ctx, events))
             .keep_alive(KeepAlive::default())
             .into_response())
@@ -72,14 +68,116 @@ pub async fn respond(
     }
 }
 
+/// Log-probabilities gathered so far, in the endpoint's own shape.
+enum Logprobs {
+    Chat(Vec<tidal_protocol::chat::TokenLogprob>),
+    Completion(CompletionLogprobs),
+}
+
+/// What one response (or one streamed chunk) says.
+struct Piece {
+    text: String,
+    logprobs: Option<Logprobs>,
+    finish: Option<FinishReason>,
+    /// Set on the closing chunk of a stream: the role-less, choice-less usage chunk.
+    usage_only: Option<Usage>,
+}
+
 struct Ctx {
     id: String,
     created: u64,
     model_name: String,
     endpoint: Endpoint,
-    logprobs: bool,
-    include_usage: bool,
-    tokenizer: std::sync::Arc<tidal_tokenizer::Tokenizer>,
+    shape: ResponseShape,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Ctx {
+    /// Converts engine log-probabilities; `offset` is the text length before them.
+    fn logprobs(&self, items: &[TokenLogprob], offset: usize) -> Option<Logprobs> {
+        if !self.shape.logprobs {
+            return None;
+        }
+        Some(match self.endpoint {
+            Endpoint::Chat => Logprobs::Chat(logprobs::chat(&self.tokenizer, items)),
+            Endpoint::Completion => {
+                let mut lp = CompletionLogprobs::default();
+                logprobs::completion(&self.tokenizer, items, offset, &mut lp);
+                Logprobs::Completion(lp)
+            }
+        })
+    }
+
+    /// A whole response (`usage` given) or a stream chunk (`usage` none) of this endpoint.
+    fn body(&self, piece: Piece, whole: Option<Usage>) -> serde_json::Result<serde_json::Value> {
+        let finish = piece.finish.map(|f| f.as_str().to_string());
+        let (chat_lp, completion_lp) = match piece.logprobs {
+            Some(Logprobs::Chat(c)) => (Some(ChoiceLogprobs { content: c }), None),
+            Some(Logprobs::Completion(c)) => (None, Some(c)),
+            None => (None, None),
+        };
+        match (self.endpoint, whole) {
+            (Endpoint::Chat, Some(u)) => serde_json::to_value(ChatCompletion {
+                id: self.id.clone(),
+                object: "chat.completion".into(),
+                created: self.created,
+                model: self.model_name.clone(),
+                choices: vec![ChatChoice {
+                    index: 0,
+                    message: AssistantMessage {
+                        role: "assistant".into(),
+                        content: piece.text,
+                    },
+                    logprobs: chat_lp,
+                    finish_reason: finish,
+                }],
+                usage: u,
+            }),
+            (Endpoint::Chat, None) => serde_json::to_value(ChatCompletionChunk {
+                id: self.id.clone(),
+                object: "chat.completion.chunk".into(),
+                created: self.created,
+                model: self.model_name.clone(),
+                choices: match piece.usage_only {
+                    Some(_) => vec![],
+                    None => vec![ChatChunkChoice {
+                        index: 0,
+                        delta: ChatDelta {
+                            role: None,
+                            content: (!piece.text.is_empty() || finish.is_none())
+                                .then_some(piece.text),
+                        },
+                        logprobs: chat_lp,
+                        finish_reason: finish,
+                    }],
+                },
+                usage: piece.usage_only,
+            }),
+            (Endpoint::Completion, whole) => serde_json::to_value(Completion {
+                id: self.id.clone(),
+                object: "text_completion".into(),
+                created: self.created,
+                model: self.model_name.clone(),
+                choices: match piece.usage_only {
+                    Some(_) => vec![],
+                    None => vec![CompletionChoice {
+                        index: 0,
+                        text: piece.text,
+                        logprobs: completion_lp,
+                        finish_reason: finish,
+                    }],
+                },
+                usage: whole.or(piece.usage_only),
+            }),
+        }
+    }
+
+    fn event(&self, piece: Piece) -> Event {
+        match self.body(piece, None) {
+            Ok(v) => Event::default().data(v.to_string()),
+            Err(e) => Event::default().data(ApiError::internal(e.to_string()).body().to_string()),
+        }
+    }
 }
 
 async fn collect(
@@ -87,65 +185,27 @@ async fn collect(
     mut events: UnboundedReceiver<GenerationEvent>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
     let mut text = String::new();
-    let mut chat_lp = Vec::new();
-    let mut completion_lp = CompletionLogprobs::default();
+    let mut token_logprobs = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
             GenerationEvent::Delta {
-                text: t,
-                logprobs: lps,
-                ..
+                text: t, logprobs, ..
             } => {
-                if ctx.logprobs {
-                    match ctx.endpoint {
-                        Endpoint::Chat => chat_lp.extend(logprobs::chat(&ctx.tokenizer, &lps)),
-                        Endpoint::Completion => logprobs::completion(
-                            &ctx.tokenizer,
-                            &lps,
-                            text.len(),
-                            &mut completion_lp,
-                        ),
-                    }
-                }
                 text.push_str(&t);
+                token_logprobs.extend(logprobs);
             }
             GenerationEvent::Done {
                 finish_reason,
                 usage: u,
             } => {
-                let finish = Some(finish_reason.as_str().to_string());
-                let body = match ctx.endpoint {
-                    Endpoint::Chat => serde_json::to_value(ChatCompletion {
-                        id: ctx.id,
-                        object: "chat.completion".into(),
-                        created: ctx.created,
-                        model: ctx.model_name,
-                        choices: vec![ChatChoice {
-                            index: 0,
-                            message: AssistantMessage {
-                                role: "assistant".into(),
-                                content: text,
-                            },
-                            logprobs: ctx.logprobs.then_some(ChoiceLogprobs { content: chat_lp }),
-                            finish_reason: finish,
-                        }],
-                        usage: usage(u),
-                    }),
-                    Endpoint::Completion => serde_json::to_value(Completion {
-                        id: ctx.id,
-                        object: "text_completion".into(),
-                        created: ctx.created,
-                        model: ctx.model_name,
-                        choices: vec![CompletionChoice {
-                            index: 0,
-                            text,
-                            logprobs: ctx.logprobs.then_some(completion_lp),
-                            finish_reason: finish,
-                        }],
-                        usage: Some(usage(u)),
-                    }),
+                let piece = Piece {
+                    logprobs: ctx.logprobs(&token_logprobs, 0),
+                    text,
+                    finish: Some(finish_reason),
+                    usage_only: None,
                 };
-                return body
+                return ctx
+                    .body(piece, Some(usage(u)))
                     .map(Json)
                     .map_err(|e| HttpError(ApiError::internal(e.to_string())));
             }
@@ -157,75 +217,6 @@ async fn collect(
     Err(HttpError(ApiError::internal(
         "the engine ended the request without a result",
     )))
-}
-
-impl Ctx {
-    fn chunk(
-        &self,
-        delta: ChatDelta,
-        logprobs: Option<ChoiceLogprobs>,
-        finish: Option<String>,
-        text: String,
-    ) -> Event {
-        let value = match self.endpoint {
-            Endpoint::Chat => serde_json::to_value(ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: vec![ChatChunkChoice {
-                    index: 0,
-                    delta,
-                    logprobs,
-                    finish_reason: finish,
-                }],
-                usage: None,
-            }),
-            Endpoint::Completion => serde_json::to_value(Completion {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: vec![CompletionChoice {
-                    index: 0,
-                    text,
-                    logprobs: None,
-                    finish_reason: finish,
-                }],
-                usage: None,
-            }),
-        };
-        json_event(value)
-    }
-
-    fn usage_chunk(&self, u: Usage) -> Event {
-        let value = match self.endpoint {
-            Endpoint::Chat => serde_json::to_value(ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: vec![],
-                usage: Some(u),
-            }),
-            Endpoint::Completion => serde_json::to_value(Completion {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: vec![],
-                usage: Some(u),
-            }),
-        };
-        json_event(value)
-    }
-}
-
-fn json_event(value: Result<serde_json::Value, serde_json::Error>) -> Event {
-    match value {
-        Ok(v) => Event::default().data(v.to_string()),
-        Err(e) => Event::default().data(ApiError::internal(e.to_string()).body().to_string()),
-    }
 }
 
 enum StreamState {
@@ -243,15 +234,23 @@ fn sse_stream(
             StreamState::Start(ctx, events) => {
                 // OpenAI opens a chat stream with the assistant role and empty content.
                 let first = (ctx.endpoint == Endpoint::Chat).then(|| {
-                    ctx.chunk(
-                        ChatDelta {
-                            role: Some("assistant".into()),
-                            content: Some(String::new()),
-                        },
-                        None,
-                        None,
-                        String::new(),
-                    )
+                    let chunk = ChatCompletionChunk {
+                        id: ctx.id.clone(),
+                        object: "chat.completion.chunk".into(),
+                        created: ctx.created,
+                        model: ctx.model_name.clone(),
+                        choices: vec![ChatChunkChoice {
+                            index: 0,
+                            delta: ChatDelta {
+                                role: Some("assistant".into()),
+                                content: Some(String::new()),
+                            },
+                            logprobs: None,
+                            finish_reason: None,
+                        }],
+                        usage: None,
+                    };
+                    Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
                 });
                 Some((
                     first.into_iter().collect::<Vec<_>>(),
@@ -267,55 +266,32 @@ fn sse_stream(
                     if text.is_empty() && lps.is_empty() {
                         return Some((vec![], StreamState::Running(ctx, events, offset)));
                     }
-                    let event = match ctx.endpoint {
-                        Endpoint::Chat => {
-                            let lp = ctx.logprobs.then(|| ChoiceLogprobs {
-                                content: logprobs::chat(&ctx.tokenizer, &lps),
-                            });
-                            ctx.chunk(
-                                ChatDelta {
-                                    role: None,
-                                    content: Some(text.clone()),
-                                },
-                                lp,
-                                None,
-                                String::new(),
-                            )
-                        }
-                        Endpoint::Completion => {
-                            let mut lp = CompletionLogprobs::default();
-                            logprobs::completion(&ctx.tokenizer, &lps, offset, &mut lp);
-                            let value = serde_json::to_value(Completion {
-                                id: ctx.id.clone(),
-                                object: "text_completion".into(),
-                                created: ctx.created,
-                                model: ctx.model_name.clone(),
-                                choices: vec![CompletionChoice {
-                                    index: 0,
-                                    text: text.clone(),
-                                    logprobs: ctx.logprobs.then_some(lp),
-                                    finish_reason: None,
-                                }],
-                                usage: None,
-                            });
-                            json_event(value)
-                        }
-                    };
-                    let offset = offset + text.len();
-                    Some((vec![event], StreamState::Running(ctx, events, offset)))
+                    let next = offset + text.len();
+                    let event = ctx.event(Piece {
+                        logprobs: ctx.logprobs(&lps, offset),
+                        text,
+                        finish: None,
+                        usage_only: None,
+                    });
+                    Some((vec![event], StreamState::Running(ctx, events, next)))
                 }
                 Some(GenerationEvent::Done {
                     finish_reason,
                     usage: u,
                 }) => {
-                    let mut out = vec![ctx.chunk(
-                        ChatDelta::default(),
-                        None,
-                        Some(finish_reason.as_str().into()),
-                        String::new(),
-                    )];
-                    if ctx.include_usage {
-                        out.push(ctx.usage_chunk(usage(u)));
+                    let mut out = vec![ctx.event(Piece {
+                        text: String::new(),
+                        logprobs: None,
+                        finish: Some(finish_reason),
+                        usage_only: None,
+                    })];
+                    if ctx.shape.include_usage {
+                        out.push(ctx.event(Piece {
+                            text: String::new(),
+                            logprobs: None,
+                            finish: None,
+                            usage_only: Some(usage(u)),
+                        }));
                     }
                     out.push(Event::default().data("[DONE]"));
                     Some((out, StreamState::Done))

@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -233,55 +232,17 @@ fn memory_broker() -> Arc<dyn Broker> {
 
 // --- Redis ---
 
-fn redis_url() -> String {
-    std::env::var("TIDAL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
 async fn redis_conn(url: &str) -> Option<redis::aio::MultiplexedConnection> {
     let client = redis::Client::open(url).ok()?;
-    let mut c = client.get_multiplexed_async_connection().await.ok()?;
-    redis::cmd("PING")
-        .query_async::<String>(&mut c)
-        .await
-        .ok()?;
-    Some(c)
+    client.get_multiplexed_async_connection().await.ok()
 }
 
-/// Makes sure the shared test Redis answers, starting it (never restarting it) if it is
-/// down, as the queue crate's tests do.
+/// The shared test Redis (started if down, never restarted), as the queue crate's tests use it.
 async fn ensure_redis() -> redis::aio::MultiplexedConnection {
-    let url = redis_url();
-    if let Some(c) = redis_conn(&url).await {
-        return c;
-    }
-    let status = Command::new("redis-server")
-        .args([
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "-::1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            "/var/lib/redis",
-            "--logfile",
-            "/var/log/redis/ci.log",
-        ])
-        .status()
-        .expect("redis-server runs");
-    assert!(status.success(), "redis-server failed to start");
-    for _ in 0..50 {
-        if let Some(c) = redis_conn(&url).await {
-            return c;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("redis at {url} did not come up");
+    let url = tidal_queue::testing::ensure_redis()
+        .await
+        .expect("test Redis");
+    redis_conn(&url).await.expect("connect to test Redis")
 }
 
 async fn delete_prefix(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) {
@@ -303,7 +264,7 @@ async fn on_redis(kind: Kind) {
     let mut conn = ensure_redis().await;
     let prefix = format!("tidal-billing-test:{}:", Uuid::now_v7());
     let broker = RedisBroker::connect(
-        &redis_url(),
+        &tidal_queue::testing::redis_url(),
         BrokerConfig {
             prefix: prefix.clone(),
             ..BrokerConfig::default()

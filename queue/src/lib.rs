@@ -18,6 +18,7 @@ pub mod keys;
 mod memory;
 pub mod metrics;
 mod redis_broker;
+pub mod testing;
 mod types;
 
 pub use broker::{Broker, BrokerConfig};

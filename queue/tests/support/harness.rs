@@ -1,7 +1,6 @@
 //! One harness per broker: the broker, its notion of now, and a way to let time pass
 //! (the in-process broker's clock is moved; Redis's is waited for).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,58 +63,11 @@ impl Harness for MemoryHarness {
     }
 }
 
-/// The Redis URL of the tests.
-pub fn redis_url() -> String {
-    std::env::var("TIDAL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-async fn ping(url: &str) -> bool {
-    let Ok(client) = redis::Client::open(url) else {
-        return false;
-    };
-    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
-        return false;
-    };
-    redis::cmd("PING")
-        .query_async::<String>(&mut c)
-        .await
-        .is_ok()
-}
-
 /// Makes sure the shared test Redis answers, starting it (never restarting it) if it is down.
 pub async fn ensure_redis() -> String {
-    let url = redis_url();
-    if ping(&url).await {
-        return url;
-    }
-    let status = Command::new("redis-server")
-        .args([
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "-::1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            "/var/lib/redis",
-            "--logfile",
-            "/var/log/redis/ci.log",
-        ])
-        .status()
-        .expect("redis-server runs");
-    assert!(status.success(), "redis-server failed to start");
-    for _ in 0..50 {
-        if ping(&url).await {
-            return url;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("redis at {url} did not come up");
+    tidal_queue::testing::ensure_redis()
+        .await
+        .expect("test Redis")
 }
 
 /// Deletes every key under `prefix` (never anything else: the server is shared).

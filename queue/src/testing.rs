@@ -1,0 +1,63 @@
+//! Support for tests that talk to a real Redis (this crate's and those of crates built on it):
+//! the test server's URL, and starting that server when it is down. A running server is
+//! never restarted: other tests share it.
+
+use std::process::Command;
+use std::time::Duration;
+
+/// `TIDAL_TEST_REDIS_URL`, default `redis://127.0.0.1:6379`.
+pub fn redis_url() -> String {
+    std::env::var("TIDAL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    redis::cmd("PING")
+        .query_async::<String>(&mut c)
+        .await
+        .is_ok()
+}
+
+/// Returns the test URL once Redis answers there, starting a local `redis-server` on 6379
+/// (the same flags as `scripts/services.sh`) if nothing answers.
+pub async fn ensure_redis() -> Result<String, String> {
+    let url = redis_url();
+    if ping(&url).await {
+        return Ok(url);
+    }
+    let status = Command::new("redis-server")
+        .args([
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ])
+        .status()
+        .map_err(|e| format!("cannot run redis-server: {e}"))?;
+    if !status.success() {
+        return Err(format!("redis-server exited with {status}"));
+    }
+    for _ in 0..50 {
+        if ping(&url).await {
+            return Ok(url);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("redis at {url} did not come up"))
+}

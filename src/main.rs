@@ -25,6 +25,19 @@ enum Command {
     /// Replay a request trace through the autoscaling policy and the baselines; prints cost
     /// and latency side by side.
     Sim(Box<tidal_autoscaler::sim::SimArgs>),
+    /// The Kubernetes controller: Models → Deployments, autoscaled on their queues.
+    Controller(cli::controller::ControllerArgs),
+    /// Print the `Model` CustomResourceDefinition (YAML).
+    Crd(cli::crd::CrdArgs),
+    /// The public OpenAI-compatible API: auth, limits, queueing, streaming, admin API.
+    Gateway(cli::gateway::GatewayArgs),
+    /// Tenants, API keys, budgets and rate limits in the ledger.
+    Keys(cli::keys::KeysArgs),
+    /// The whole platform in one process: API, queue, metering and workers that scale to
+    /// zero. No Kubernetes, PostgreSQL or Redis needed.
+    Up(cli::up::UpArgs),
+    /// Models, workers, backlog and this month's usage of a running `tidal up`.
+    Status(cli::status::StatusArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -35,5 +48,11 @@ fn main() -> anyhow::Result<()> {
         Command::Billing(args) => cli::billing::run(args),
         Command::Report(args) => cli::report::run(args),
         Command::Sim(args) => tidal_autoscaler::sim::run(&args).map(|_| ()),
+        Command::Controller(args) => cli::controller::run(args),
+        Command::Crd(args) => cli::crd::run(args),
+        Command::Gateway(args) => cli::gateway::run(args),
+        Command::Keys(args) => cli::keys::run(args),
+        Command::Up(args) => cli::up::run(args),
+        Command::Status(args) => cli::status::run(args),
     }
 }

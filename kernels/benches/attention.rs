@@ -1,13 +1,13 @@
 //! Paged attention decode steps with SmolLM2-135M's heads (9 query, 3 KV, head dim 64) over a
 //! shuffled block pool of 16-token blocks: one sequence and a batch of eight, at two context
-//! lengths.
+//! lengths, for each KV cache dtype (f32, f16, int8).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
-use tidal_kernels::{paged_attention, AttentionSeq};
+use tidal_kernels::{paged_attention, write_kv, AttentionSeq, KvBuffer, KvDtype};
 
 const N_HEADS: usize = 9;
 const N_KV: usize = 3;
@@ -25,9 +25,14 @@ fn bench(c: &mut Criterion) {
             let mut pool: Vec<u32> = (0..total_blocks as u32).collect();
             pool.shuffle(&mut r);
             let tables: Vec<Vec<u32>> = pool.chunks(blocks_per_seq).map(|c| c.to_vec()).collect();
-            let cache_len = total_blocks * BLOCK * N_KV * HEAD_DIM;
-            let k_cache: Vec<f32> = (0..cache_len).map(|_| r.random_range(-1.0..1.0)).collect();
-            let v_cache: Vec<f32> = (0..cache_len).map(|_| r.random_range(-1.0..1.0)).collect();
+            let slots = total_blocks * BLOCK;
+            let all: Vec<usize> = (0..slots).collect();
+            let k: Vec<f32> = (0..slots * N_KV * HEAD_DIM)
+                .map(|_| r.random_range(-1.0..1.0))
+                .collect();
+            let v: Vec<f32> = (0..slots * N_KV * HEAD_DIM)
+                .map(|_| r.random_range(-1.0..1.0))
+                .collect();
             let q: Vec<f32> = (0..batch * N_HEADS * HEAD_DIM)
                 .map(|_| r.random_range(-1.0..1.0))
                 .collect();
@@ -43,27 +48,32 @@ fn bench(c: &mut Criterion) {
                 .collect();
             let mut out = vec![0.0f32; q.len()];
             let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-            group.bench_function(
-                BenchmarkId::new(format!("batch{batch}"), format!("ctx{ctx}")),
-                |b| {
-                    b.iter_custom(|iters| {
-                        in_pool(&threads, iters, || {
-                            paged_attention(
-                                black_box(&q),
-                                black_box(&k_cache),
-                                black_box(&v_cache),
-                                &seqs,
-                                N_HEADS,
-                                N_KV,
-                                HEAD_DIM,
-                                BLOCK,
-                                scale,
-                                &mut out,
-                            )
+            for dtype in KvDtype::ALL {
+                let mut k_cache = KvBuffer::new(dtype, slots, N_KV, HEAD_DIM);
+                let mut v_cache = KvBuffer::new(dtype, slots, N_KV, HEAD_DIM);
+                write_kv(k_cache.view_mut(), v_cache.view_mut(), &k, &v, &all, N_KV, HEAD_DIM);
+                group.bench_function(
+                    BenchmarkId::new(format!("{dtype}_batch{batch}"), format!("ctx{ctx}")),
+                    |b| {
+                        b.iter_custom(|iters| {
+                            in_pool(&threads, iters, || {
+                                paged_attention(
+                                    black_box(&q),
+                                    k_cache.view(),
+                                    v_cache.view(),
+                                    &seqs,
+                                    N_HEADS,
+                                    N_KV,
+                                    HEAD_DIM,
+                                    BLOCK,
+                                    scale,
+                                    &mut out,
+                                )
+                            })
                         })
-                    })
-                },
-            );
+                    },
+                );
+            }
         }
     }
     group.finish();

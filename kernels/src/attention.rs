@@ -3,9 +3,15 @@
 //! through the sequence's block table. One call serves a mixed batch (prefill chunks and decode
 //! steps of many sequences). The query heads sharing a KV head (GQA, llama.cpp's
 //! `h / (n_heads / n_kv_heads)` mapping) are processed together so each K/V row is read once
-//! per group; softmax subtracts the row maximum, so large logits cannot overflow.
+//! per group; softmax subtracts the row maximum, so large logits cannot overflow. K/V rows are
+//! read in the cache's element type (f32, f16 or int8, see [`crate::kv_cache`]) and widened to
+//! f32 in registers; an int8 row's scale multiplies its dot product (K) or its softmax weight
+//! (V), so dequantised rows never exist in memory.
 
 use rayon::prelude::*;
+
+use crate::kv_cache::elem::{self, KvElem};
+use crate::kv_cache::KvCache;
 
 /// The query tokens of one sequence in a batched attention call.
 #[derive(Debug, Clone, Copy)]
@@ -24,24 +30,41 @@ pub struct AttentionSeq<'a> {
 struct Dims {
     head_dim: usize,
     group: usize,
-    kv_width: usize,
+    n_kv_heads: usize,
     block_size: usize,
     scale: f32,
 }
 
+/// One layer's K or V cache in element type `E`, with int8's per-(slot, head) scales.
+#[derive(Clone, Copy)]
+struct Rows<'a, E> {
+    values: &'a [E],
+    scales: Option<&'a [f32]>,
+}
+
+impl<E> Rows<'_, E> {
+    /// Scale of the row of (slot, head) index `si` (1 for unscaled types).
+    #[inline(always)]
+    fn scale(&self, si: usize) -> f32 {
+        self.scales.map_or(1.0, |s| s[si])
+    }
+}
+
 /// q: `[n_tokens, n_heads, head_dim]`; token j of a sequence (at position start_pos + j)
 /// attends causally to positions `0..=start_pos + j` read through the block table; GQA
-/// (n_heads a multiple of n_kv_heads). Writes out: `[n_tokens, n_heads, head_dim]`; rows of
+/// (n_heads a multiple of n_kv_heads). K and V caches are `[num_slots, n_kv_heads, head_dim]`
+/// in one element type ([`KvCache`]). Writes out: `[n_tokens, n_heads, head_dim]`; rows of
 /// tokens that belong to no sequence are zeroed.
 ///
 /// # Panics
-/// On inconsistent shapes, overlapping or out-of-range sequences, a block table too short for
-/// the sequence's positions, or a block outside the cache.
+/// On inconsistent shapes, K and V caches of different types or sizes, overlapping or
+/// out-of-range sequences, a block table too short for the sequence's positions, or a block
+/// outside the cache.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
+pub fn paged_attention<'a>(
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: impl Into<KvCache<'a>>,
+    v_cache: impl Into<KvCache<'a>>,
     seqs: &[AttentionSeq],
     n_heads: usize,
     n_kv_heads: usize,
@@ -50,6 +73,7 @@ pub fn paged_attention(
     scale: f32,
     out: &mut [f32],
 ) {
+    let (k_cache, v_cache) = (k_cache.into(), v_cache.into());
     assert!(
         n_kv_heads > 0 && head_dim > 0 && block_size > 0,
         "paged_attention: zero dimension"
@@ -115,50 +139,106 @@ pub fn paged_attention(
     let dims = Dims {
         head_dim,
         group: n_heads / n_kv_heads,
-        kv_width,
+        n_kv_heads,
         block_size,
         scale,
     };
-    let task = dims.group * head_dim;
-    if task == 0 {
-        return;
+    let call = Call {
+        q,
+        seqs,
+        owner: &owner,
+        dims: &dims,
+    };
+    let scaled = |scales: &'a [f32]| {
+        assert_eq!(
+            scales.len(),
+            num_slots * n_kv_heads,
+            "paged_attention: int8 scales are not one per slot and head"
+        );
+        Some(scales)
+    };
+    match (k_cache, v_cache) {
+        (KvCache::F32(k), KvCache::F32(v)) => call.run(
+            Rows { values: k, scales: None },
+            Rows { values: v, scales: None },
+            out,
+        ),
+        (KvCache::F16(k), KvCache::F16(v)) => call.run(
+            Rows { values: k, scales: None },
+            Rows { values: v, scales: None },
+            out,
+        ),
+        (
+            KvCache::Int8 { values: k, scales: ks },
+            KvCache::Int8 { values: v, scales: vs },
+        ) => call.run(
+            Rows { values: k, scales: scaled(ks) },
+            Rows { values: v, scales: scaled(vs) },
+            out,
+        ),
+        (k, v) => panic!(
+            "paged_attention: K cache is {} but V cache is {}",
+            k.dtype(),
+            v.dtype()
+        ),
     }
-    let avx2 = simd_level_avx2();
-    out.par_chunks_mut(task)
-        .zip(q.par_chunks(task))
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (idx, (out_g, q_g))| {
-            let token = idx / n_kv_heads;
-            match owner[token] {
-                Some((s, j)) => {
-                    let seq = &seqs[s];
-                    let args = (
-                        q_g,
-                        k_cache,
-                        v_cache,
-                        seq,
-                        seq.start_pos + j,
-                        idx % n_kv_heads,
-                        &dims,
-                    );
-                    #[cfg(target_arch = "x86_64")]
-                    if avx2 {
-                        // SAFETY: AVX2 and FMA were detected on this CPU.
-                        unsafe { attend_group_avx2(args, scores, out_g) };
-                        return;
-                    }
-                    attend_group(args, scores, out_g)
-                }
-                None => out_g.fill(0.0),
-            }
-        });
 }
 
-/// Whether the AVX2 build of the inner loop can run here.
-fn simd_level_avx2() -> bool {
+/// The validated inputs of one [`paged_attention`] call.
+struct Call<'a> {
+    q: &'a [f32],
+    seqs: &'a [AttentionSeq<'a>],
+    owner: &'a [Option<(usize, usize)>],
+    dims: &'a Dims,
+}
+
+impl Call<'_> {
+    /// One task per (token, KV head): the group of query heads sharing that KV head.
+    fn run<E: KvElem>(&self, k: Rows<'_, E>, v: Rows<'_, E>, out: &mut [f32]) {
+        let d = self.dims;
+        let task = d.group * d.head_dim;
+        if task == 0 {
+            return;
+        }
+        let avx2 = simd_level_avx2();
+        out.par_chunks_mut(task)
+            .zip(self.q.par_chunks(task))
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (idx, (out_g, q_g))| {
+                let token = idx / d.n_kv_heads;
+                let Some((s, j)) = self.owner[token] else {
+                    out_g.fill(0.0);
+                    return;
+                };
+                let seq = &self.seqs[s];
+                let args = GroupArgs {
+                    q_g,
+                    k,
+                    v,
+                    seq,
+                    pos: seq.start_pos + j,
+                    kvh: idx % d.n_kv_heads,
+                    d,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2, FMA and F16C were detected on this CPU.
+                    unsafe { attend_group_avx2(args, scores, out_g) };
+                    return;
+                }
+                let _ = avx2;
+                attend_group::<E, false>(args, scores, out_g)
+            });
+    }
+}
+
+/// Whether the AVX2 build of the inner loops can run here.
+pub(crate) fn simd_level_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -166,51 +246,92 @@ fn simd_level_avx2() -> bool {
     }
 }
 
-/// Inputs of one (token, KV head) task: q of the group, caches, sequence, position, KV head.
-type GroupArgs<'a> = (
-    &'a [f32],
-    &'a [f32],
-    &'a [f32],
-    &'a AttentionSeq<'a>,
-    usize,
-    usize,
-    &'a Dims,
-);
+/// Inputs of one (token, KV head) task.
+struct GroupArgs<'a, E> {
+    /// Queries of the `group` heads sharing the KV head.
+    q_g: &'a [f32],
+    k: Rows<'a, E>,
+    v: Rows<'a, E>,
+    seq: &'a AttentionSeq<'a>,
+    /// Position of the query token.
+    pos: usize,
+    /// The KV head.
+    kvh: usize,
+    d: &'a Dims,
+}
 
-/// [`attend_group`] compiled for AVX2 + FMA: the same code, 8-wide vectors.
+/// [`attend_group`] compiled for AVX2 + FMA + F16C with the explicit 8-wide row operations.
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA.
+/// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_group_avx2(args: GroupArgs, scores: &mut Vec<f32>, out_g: &mut [f32]) {
-    attend_group(args, scores, out_g)
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_group_avx2<E: KvElem>(args: GroupArgs<E>, scores: &mut Vec<f32>, out_g: &mut [f32]) {
+    attend_group::<E, true>(args, scores, out_g)
+}
+
+/// `Σ q·row` with the SIMD level of the caller.
+#[inline(always)]
+fn dot<E: KvElem, const SIMD: bool>(q: &[f32], row: &[E]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: SIMD is true only inside attend_group_avx2, whose features are enabled.
+        return unsafe { elem::avx2::dot(q, row) };
+    }
+    elem::dot(q, row)
+}
+
+/// `out += w · row` with the SIMD level of the caller.
+#[inline(always)]
+fn axpy<E: KvElem, const SIMD: bool>(out: &mut [f32], w: f32, row: &[E]) {
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: as in `dot`.
+        return unsafe { elem::avx2::axpy(out, w, row) };
+    }
+    elem::axpy(out, w, row)
 }
 
 /// Attention of the `group` query heads sharing KV head `kvh`, for one token at `pos`.
 #[inline(always)]
-fn attend_group(args: GroupArgs, scores: &mut Vec<f32>, out_g: &mut [f32]) {
-    let (q_g, k_cache, v_cache, seq, pos, kvh, d) = args;
+fn attend_group<E: KvElem, const SIMD: bool>(
+    args: GroupArgs<E>,
+    scores: &mut Vec<f32>,
+    out_g: &mut [f32],
+) {
+    let GroupArgs {
+        q_g,
+        k,
+        v,
+        seq,
+        pos,
+        kvh,
+        d,
+    } = args;
     let ctx = pos + 1;
     let hd = d.head_dim;
-    // Cache offset of each position's row, walked block by block: no division per position.
+    // (position, value offset of its row, index of its scale), walked block by block: no
+    // division per position.
     let rows = || {
         seq.block_table
             .iter()
             .enumerate()
             .flat_map(move |(b, &blk)| {
                 let first = b * d.block_size;
-                let base = blk as usize * d.block_size * d.kv_width + kvh * hd;
-                (0..d.block_size.min(ctx.saturating_sub(first)))
-                    .map(move |o| (first + o, base + o * d.kv_width))
+                let slot0 = blk as usize * d.block_size;
+                (0..d.block_size.min(ctx.saturating_sub(first))).map(move |o| {
+                    let si = (slot0 + o) * d.n_kv_heads + kvh;
+                    (first + o, si * hd, si)
+                })
             })
     };
     scores.clear();
     scores.resize(d.group * ctx, 0.0);
-    for (p, at) in rows() {
-        let k = &k_cache[at..at + hd];
+    for (p, at, si) in rows() {
+        let krow = &k.values[at..at + hd];
+        let ks = k.scale(si) * d.scale;
         for g in 0..d.group {
-            scores[g * ctx + p] = crate::simd::dot(&q_g[g * hd..(g + 1) * hd], k) * d.scale;
+            scores[g * ctx + p] = dot::<E, SIMD>(&q_g[g * hd..(g + 1) * hd], krow) * ks;
         }
     }
     for s in scores.chunks_exact_mut(ctx) {
@@ -223,14 +344,25 @@ fn attend_group(args: GroupArgs, scores: &mut Vec<f32>, out_g: &mut [f32]) {
         crate::simd::scale(s, 1.0 / sum);
     }
     out_g.fill(0.0);
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        match hd {
+            // SAFETY: SIMD is true only inside attend_group_avx2.
+            64 => return unsafe { weigh_values_avx2::<E, 8>(seq, kvh, ctx, d, v, scores, out_g) },
+            // SAFETY: as above.
+            128 => return unsafe { weigh_values_avx2::<E, 16>(seq, kvh, ctx, d, v, scores, out_g) },
+            _ => {}
+        }
+    }
     match hd {
-        64 => weigh_values::<64>(seq, kvh, ctx, d, v_cache, scores, out_g),
-        128 => weigh_values::<128>(seq, kvh, ctx, d, v_cache, scores, out_g),
+        64 if !SIMD => weigh_values::<E, 64>(seq, kvh, ctx, d, v, scores, out_g),
+        128 if !SIMD => weigh_values::<E, 128>(seq, kvh, ctx, d, v, scores, out_g),
         _ => {
-            for (p, at) in rows() {
-                let v = &v_cache[at..at + hd];
+            for (p, at, si) in rows() {
+                let vrow = &v.values[at..at + hd];
+                let vs = v.scale(si);
                 for g in 0..d.group {
-                    crate::simd::axpy(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p], v);
+                    axpy::<E, SIMD>(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p] * vs, vrow);
                 }
             }
         }
@@ -241,12 +373,12 @@ fn attend_group(args: GroupArgs, scores: &mut Vec<f32>, out_g: &mut [f32]) {
 /// one KV block stays in registers (`HD / 8` vectors) and is added to `out_g` once per block,
 /// instead of a load and store of `out_g` per position.
 #[inline(always)]
-fn weigh_values<const HD: usize>(
+fn weigh_values<E: KvElem, const HD: usize>(
     seq: &AttentionSeq,
     kvh: usize,
     ctx: usize,
     d: &Dims,
-    v_cache: &[f32],
+    v: Rows<'_, E>,
     scores: &[f32],
     out_g: &mut [f32],
 ) {
@@ -256,14 +388,16 @@ fn weigh_values<const HD: usize>(
             break;
         }
         let n = d.block_size.min(ctx - first);
-        let base = blk as usize * d.block_size * d.kv_width + kvh * HD;
+        let slot0 = blk as usize * d.block_size;
         for g in 0..d.group {
             let w = &scores[g * ctx + first..g * ctx + first + n];
             let mut acc = [0.0f32; HD];
             for (o, &wo) in w.iter().enumerate() {
-                let v = &v_cache[base + o * d.kv_width..base + o * d.kv_width + HD];
+                let si = (slot0 + o) * d.n_kv_heads + kvh;
+                let row = &v.values[si * HD..(si + 1) * HD];
+                let wo = wo * v.scale(si);
                 for i in 0..HD {
-                    acc[i] += wo * v[i];
+                    acc[i] += wo * row[i].to_f32();
                 }
             }
             for (out, a) in out_g[g * HD..(g + 1) * HD].iter_mut().zip(acc) {
@@ -273,11 +407,61 @@ fn weigh_values<const HD: usize>(
     }
 }
 
+/// [`weigh_values`] with explicit AVX2 vectors: `NV` vectors of 8 per head (head dim 8·NV).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `d.head_dim == 8 * NV`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn weigh_values_avx2<E: KvElem, const NV: usize>(
+    seq: &AttentionSeq,
+    kvh: usize,
+    ctx: usize,
+    d: &Dims,
+    v: Rows<'_, E>,
+    scores: &[f32],
+    out_g: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = 8 * NV;
+    debug_assert_eq!(hd, d.head_dim);
+    for (b, &blk) in seq.block_table.iter().enumerate() {
+        let first = b * d.block_size;
+        if first >= ctx {
+            break;
+        }
+        let n = d.block_size.min(ctx - first);
+        let slot0 = blk as usize * d.block_size;
+        for g in 0..d.group {
+            let w = &scores[g * ctx + first..g * ctx + first + n];
+            // SAFETY: rows are `hd` values inside `v.values` (bounds-checked slices below);
+            // out_g[g] is `hd` values; features by contract.
+            unsafe {
+                let mut acc = [_mm256_setzero_ps(); NV];
+                for (o, &wo) in w.iter().enumerate() {
+                    let si = (slot0 + o) * d.n_kv_heads + kvh;
+                    let row = &v.values[si * hd..(si + 1) * hd];
+                    let wv = _mm256_set1_ps(wo * v.scale(si));
+                    for (j, a) in acc.iter_mut().enumerate() {
+                        *a = _mm256_fmadd_ps(wv, E::load8(row.as_ptr().add(8 * j)), *a);
+                    }
+                }
+                let out = &mut out_g[g * hd..(g + 1) * hd];
+                for (j, a) in acc.iter().enumerate() {
+                    let p = out.as_mut_ptr().add(8 * j);
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *a));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 mod tests {
     use super::*;
-    use crate::test_util::{assert_close, random_vec, rng};
+    use crate::kv_cache::{KvBuffer, KvDtype};
+    use crate::test_util::{assert_close, random_vec, read_row, rng};
     use crate::write_kv;
     use rand::seq::SliceRandom;
     use rand::Rng;
@@ -333,8 +517,25 @@ mod tests {
         out
     }
 
-    /// Builds a mixed batch over a shared, shuffled block pool and checks every token.
+    /// Builds a mixed batch over a shared, shuffled block pool and checks every token, for
+    /// every KV dtype: against naive attention over the values the cache holds (widened to
+    /// f32), and for f16/int8 also against the original f32 values within their rounding.
     fn check_batch(
+        seed: u64,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        bs: usize,
+        shapes: &[(usize, usize)],
+        q_scale: f32,
+    ) {
+        for dtype in KvDtype::ALL {
+            check_batch_dtype(dtype, seed, nh, nkv, hd, bs, shapes, q_scale);
+        }
+    }
+
+    fn check_batch_dtype(
+        dtype: KvDtype,
         seed: u64,
         nh: usize,
         nkv: usize,
@@ -352,8 +553,20 @@ mod tests {
             + 3;
         let mut pool: Vec<u32> = (0..total_blocks as u32).collect();
         pool.shuffle(&mut r);
-        let mut k_cache = random_vec(&mut r, total_blocks * bs * kvw, 9.0); // garbage outside
-        let mut v_cache = random_vec(&mut r, total_blocks * bs * kvw, 9.0);
+        let num_slots = total_blocks * bs;
+        let mut k_cache = KvBuffer::new(dtype, num_slots, nkv, hd);
+        let mut v_cache = KvBuffer::new(dtype, num_slots, nkv, hd);
+        // Garbage in every slot: only the block tables decide what is read.
+        let all: Vec<usize> = (0..num_slots).collect();
+        write_kv(
+            k_cache.view_mut(),
+            v_cache.view_mut(),
+            &random_vec(&mut r, num_slots * kvw, 9.0),
+            &random_vec(&mut r, num_slots * kvw, 9.0),
+            &all,
+            nkv,
+            hd,
+        );
         let mut seqs_data = Vec::new();
         for &(start_pos, q_len) in shapes {
             let ctx = start_pos + q_len;
@@ -363,7 +576,7 @@ mod tests {
             let slots: Vec<usize> = (0..ctx)
                 .map(|p| blocks[p / bs] as usize * bs + p % bs)
                 .collect();
-            write_kv(&mut k_cache, &mut v_cache, &k, &v, &slots, kvw);
+            write_kv(k_cache.view_mut(), v_cache.view_mut(), &k, &v, &slots, nkv, hd);
             seqs_data.push(TestSeq {
                 k,
                 v,
@@ -391,25 +604,57 @@ mod tests {
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out = vec![f32::NAN; q.len()];
         paged_attention(
-            &q, &k_cache, &v_cache, &seqs, nh, nkv, hd, bs, scale, &mut out,
+            &q,
+            k_cache.view(),
+            v_cache.view(),
+            &seqs,
+            nh,
+            nkv,
+            hd,
+            bs,
+            scale,
+            &mut out,
         );
         let row = nh * hd;
         for (s, a) in seqs_data.iter().zip(&seqs) {
             let qs = &q[a.q_start * row..(a.q_start + a.q_len) * row];
-            let want = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale);
-            assert_close(
-                &out[a.q_start * row..(a.q_start + a.q_len) * row],
-                &want,
-                1e-5,
-                1e-4,
-            );
+            let got = &out[a.q_start * row..(a.q_start + a.q_len) * row];
+            // What the cache holds, position by position.
+            let held = |c: &KvBuffer| -> Vec<f32> {
+                (0..s.start_pos + s.q_len)
+                    .flat_map(|p| {
+                        let slot = s.blocks[p / bs] as usize * bs + p % bs;
+                        read_row(c.view(), slot, nkv, hd)
+                    })
+                    .collect()
+            };
+            let want = naive(qs, &held(&k_cache), &held(&v_cache), s.start_pos, nh, nkv, hd, scale);
+            assert_close(got, &want, 1e-5, 1e-4);
+            if q_scale <= 1.0 {
+                let exact = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale);
+                let atol = match dtype {
+                    KvDtype::F32 => 1e-5,
+                    KvDtype::F16 => 2e-3,
+                    KvDtype::Int8 => 2e-2,
+                };
+                assert_close(got, &exact, atol, 0.0);
+            }
             // The same sequence alone in a batch gives bit-identical output.
             let mut alone = vec![0.0; qs.len()];
             let single = [AttentionSeq { q_start: 0, ..*a }];
             paged_attention(
-                qs, &k_cache, &v_cache, &single, nh, nkv, hd, bs, scale, &mut alone,
+                qs,
+                k_cache.view(),
+                v_cache.view(),
+                &single,
+                nh,
+                nkv,
+                hd,
+                bs,
+                scale,
+                &mut alone,
             );
-            assert_eq!(alone, &out[a.q_start * row..(a.q_start + a.q_len) * row]);
+            assert_eq!(alone, got, "{dtype}");
         }
     }
 
@@ -492,7 +737,7 @@ mod tests {
         }];
         let mut out = vec![0.0; 2];
         paged_attention(
-            &[0.0; 2], &[0.0; 16], &[0.0; 16], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+            &[0.0; 2], &[0.0f32; 16][..], &[0.0f32; 16][..], &seqs, 1, 1, 2, 4, 1.0, &mut out,
         );
     }
 
@@ -516,7 +761,23 @@ mod tests {
         ];
         let mut out = vec![0.0; 4];
         paged_attention(
-            &[0.0; 4], &[0.0; 8], &[0.0; 8], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+            &[0.0; 4], &[0.0f32; 8][..], &[0.0f32; 8][..], &seqs, 1, 1, 2, 4, 1.0, &mut out,
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "K cache is f16 but V cache is int8")]
+    fn rejects_mixed_dtypes() {
+        let blocks = [0u32];
+        let seqs = [AttentionSeq {
+            q_start: 0,
+            q_len: 1,
+            start_pos: 0,
+            block_table: &blocks,
+        }];
+        let k = KvBuffer::new(KvDtype::F16, 4, 1, 2);
+        let v = KvBuffer::new(KvDtype::Int8, 4, 1, 2);
+        let mut out = vec![0.0; 2];
+        paged_attention(&[0.0; 2], k.view(), v.view(), &seqs, 1, 1, 2, 4, 1.0, &mut out);
     }
 }

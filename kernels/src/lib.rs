@@ -20,11 +20,16 @@ mod simd;
 
 pub use activation::silu_mul;
 pub use attention::{paged_attention, AttentionSeq};
-pub use kv_cache::write_kv;
+pub use kv_cache::{write_kv, KvBuffer, KvCache, KvCacheMut, KvDtype};
 pub use norm::rms_norm;
 pub use quant::dot::DotKernel;
-pub use quant::matmul::{matmul_q4_1, matmul_q4_1_with};
-pub use quant::q4_1::{dequantize_q4_1, q4_1_row_bytes, Q4_1_BLOCK_BYTES, QK};
+pub use quant::format::QuantType;
+pub use quant::matmul::{
+    matmul, matmul_quantized, matmul_with, QuantizedActivations, PANEL_MIN_ROWS,
+};
+pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
+pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};
+pub use quant::q8_0::{dequantize_q8_0, Q8_0_BLOCK_BYTES};
 pub use rope::{Rope, RopeStyle};
 
 /// Work (in elements) below which splitting across rayon threads costs more than it saves.
@@ -43,6 +48,34 @@ pub(crate) mod test_util {
     /// `n` values uniform in `[-scale, scale)`.
     pub fn random_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+    }
+
+    /// Row `slot` of a KV cache widened to f32 (int8 rows times their scales).
+    pub fn read_row(
+        cache: crate::KvCache<'_>,
+        slot: usize,
+        n_kv_heads: usize,
+        hd: usize,
+    ) -> Vec<f32> {
+        let w = n_kv_heads * hd;
+        match cache {
+            crate::KvCache::F32(c) => c[slot * w..(slot + 1) * w].to_vec(),
+            crate::KvCache::F16(c) => c[slot * w..(slot + 1) * w]
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+            crate::KvCache::Int8 { values, scales } => {
+                let mut out = vec![0.0; w];
+                for h in 0..n_kv_heads {
+                    crate::kv_cache::dequantize_int8(
+                        &values[slot * w + h * hd..slot * w + (h + 1) * hd],
+                        scales[slot * n_kv_heads + h],
+                        &mut out[h * hd..(h + 1) * hd],
+                    );
+                }
+                out
+            }
+        }
     }
 
     /// Asserts `|a - b| <= atol + rtol * |b|` element-wise, naming the first offender.

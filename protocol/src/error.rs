@@ -1,3 +1,5 @@
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 /// An error as OpenAI returns it: an HTTP status and `{"error": {...}}`.
@@ -12,7 +14,7 @@ pub struct ApiError {
     /// The offending request field, when there is one.
     pub param: Option<String>,
     /// A machine-readable code such as `model_not_found` or `context_length_exceeded`.
-    pub code: Option<&'static str>,
+    pub code: Option<Cow<'static, str>>,
 }
 
 #[derive(Serialize)]
@@ -59,7 +61,7 @@ impl ApiError {
             message: format!("The model `{model}` does not exist."),
             kind: "invalid_request_error",
             param: Some("model".into()),
-            code: Some("model_not_found"),
+            code: Some(Cow::Borrowed("model_not_found")),
         }
     }
 
@@ -73,7 +75,7 @@ impl ApiError {
             ),
             kind: "invalid_request_error",
             param: Some("messages".into()),
-            code: Some("context_length_exceeded"),
+            code: Some(Cow::Borrowed("context_length_exceeded")),
         }
     }
 
@@ -84,7 +86,7 @@ impl ApiError {
             message: message.into(),
             kind: "server_error",
             param: None,
-            code: Some("service_unavailable"),
+            code: Some(Cow::Borrowed("service_unavailable")),
         }
     }
 
@@ -99,6 +101,58 @@ impl ApiError {
         }
     }
 
+    /// An error with any status, e.g. one a worker reported through the queue; the OpenAI
+    /// `type` follows from the status.
+    pub fn new(
+        status: u16,
+        code: Option<String>,
+        param: Option<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind: kind_for_status(status),
+            param,
+            code: code.map(Cow::Owned),
+        }
+    }
+
+    /// 401: missing, unknown or revoked API key.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::fixed(401, "invalid_api_key", message)
+    }
+
+    /// 403: the key may not do this.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::fixed(403, "forbidden", message)
+    }
+
+    /// 404 with a machine-readable code (`unknown_url`, `not_found`, ...).
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
+        Self::fixed(404, code, message)
+    }
+
+    /// 429: a rate limit was hit (the caller adds `Retry-After`).
+    pub fn rate_limited(message: impl Into<String>) -> Self {
+        Self::fixed(429, "rate_limit_exceeded", message)
+    }
+
+    /// 402: the tenant's budget is spent.
+    pub fn payment_required(message: impl Into<String>) -> Self {
+        Self::fixed(402, "insufficient_quota", message)
+    }
+
+    fn fixed(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind: kind_for_status(status),
+            param: None,
+            code: Some(Cow::Borrowed(code)),
+        }
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         serde_json::to_value(Body {
@@ -106,10 +160,22 @@ impl ApiError {
                 message: &self.message,
                 kind: self.kind,
                 param: self.param.as_deref(),
-                code: self.code,
+                code: self.code.as_deref(),
             },
         })
         .unwrap_or_default()
+    }
+}
+
+/// OpenAI's error `type` for an HTTP status.
+pub fn kind_for_status(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "insufficient_quota",
+        403 => "permission_error",
+        429 => "rate_limit_error",
+        s if s >= 500 => "server_error",
+        _ => "invalid_request_error",
     }
 }
 

@@ -4,8 +4,10 @@
 pub mod chat;
 pub mod completion;
 pub mod error;
+pub mod job;
 pub mod models;
 pub mod params;
+pub mod render;
 pub mod usage;
 
 pub use error::ApiError;

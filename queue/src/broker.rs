@@ -19,7 +19,8 @@
 //!   [`QueueError::ResponseFinished`] on its first append and should just ack the job.
 //! * **Ownership.** [`Broker::ack`] and [`Broker::requeue`] succeed only for the consumer that
 //!   holds the pending entry now ([`QueueError::NotOwner`] otherwise), so a worker presumed
-//!   dead cannot drop a job another worker took over.
+//!   dead cannot drop a job another worker took over. A live holder renews its entries with
+//!   [`Broker::keep_alive`] so that a long generation is never presumed dead.
 //!
 //! [`QueueError::SeqConflict`]: crate::QueueError::SeqConflict
 //! [`QueueError::NotOwner`]: crate::QueueError::NotOwner
@@ -92,6 +93,15 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
         max: usize,
     ) -> Result<Vec<ClaimedJob>>;
 
+    /// Tells the broker that the holder of `jobs` is alive and still working on them: each
+    /// entry's idle time restarts, so [`Broker::take_over`] leaves it alone for another
+    /// `min_idle` (Redis: `XCLAIM ... 0 <entry> JUSTID` by the same consumer, after an
+    /// ownership check). It is no new delivery: `attempt` does not grow. One answer per job,
+    /// in order: `false` when the entry is no longer pending for `job.consumer` (taken over,
+    /// acked, withdrawn); its holder has lost it and must stop generating it. Workers call
+    /// this well within the claim timeout for every job they hold.
+    async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>>;
+
     /// Marks a finished job done and removes it from the stream.
     async fn ack(&self, job: &ClaimedJob) -> Result<()>;
 
@@ -136,6 +146,10 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Whether request `id`'s cancel flag is set.
     async fn is_cancelled(&self, id: Uuid) -> Result<bool>;
+
+    /// The cancel flags of many requests in one round trip (a worker polls all the
+    /// requests it runs at once), in the order of `ids`.
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>>;
 
     // --- usage ---
 

@@ -1,6 +1,6 @@
 //! Support for tests that talk to a real Redis (this crate's and those of crates built on it):
-//! the test server's URL, and starting that server when it is down. A running server is
-//! never restarted: other tests share it.
+//! the test server's URL, starting that server when it is down, and deleting a test's keys.
+//! A running server is never restarted: other tests share it.
 
 use std::process::Command;
 use std::time::Duration;
@@ -60,4 +60,35 @@ pub async fn ensure_redis() -> Result<String, String> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(format!("redis at {url} did not come up"))
+}
+
+/// Deletes every key under `prefix` (never anything else: the test server is shared).
+/// Synchronous, so a test can call it from `Drop` when it panics; errors are ignored.
+pub fn delete_prefix(url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(url) else {
+        return;
+    };
+    let Ok(mut c) = client.get_connection() else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query::<(u64, Vec<String>)>(&mut c)
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _ = redis::cmd("DEL").arg(&keys).query::<i64>(&mut c);
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
 }

@@ -130,11 +130,22 @@ pub enum ResponseEvent {
     Error {
         /// Position in the stream.
         seq: u64,
+        /// HTTP status the client gets when nothing was streamed yet (400 for a request the
+        /// worker found invalid, 500/503 for failures on our side).
+        #[serde(default = "default_error_status")]
+        status: u16,
         /// Machine-readable code (OpenAI style, e.g. `context_length_exceeded`).
         code: String,
+        /// The offending request field, when there is one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        param: Option<String>,
         /// Human-readable message.
         message: String,
     },
+}
+
+fn default_error_status() -> u16 {
+    500
 }
 
 impl ResponseEvent {

@@ -46,4 +46,6 @@ suite!(
     purge_model,
     takeover_continues_the_stream,
     resumed_jobs_go_first,
+    keep_alive_prevents_takeover,
+    cancel_flags_in_one_call,
 );

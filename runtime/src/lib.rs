@@ -2,7 +2,9 @@
 pub mod bench;
 pub mod engine;
 pub mod kv_cache;
+pub mod load;
 pub mod model;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod worker;

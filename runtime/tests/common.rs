@@ -50,6 +50,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         stop: vec![],
         stop_token_ids: vec![],
         ignore_eos: true,
+        resume: None,
     }
 }
 

@@ -1,10 +1,14 @@
 //! `tidal bench`: the runtime benchmarks of docs/benchmarks.md, printed as a table or JSON.
 
+use std::path::PathBuf;
+
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use tidal_runtime::bench;
+use tidal_runtime::model::{KvDtype, Model, ModelFile, QuantizeTo};
 use tidal_tokenizer::Tokenizer;
 
-use super::engine_args::EngineArgs;
+use super::engine_args::{parse_bytes, EngineArgs};
 
 /// Flags of `tidal bench`.
 #[derive(Args, Debug)]
@@ -52,6 +56,10 @@ pub enum BenchCommand {
     },
     /// Memory read bandwidth of this machine (the ceiling for batch-1 decode).
     Bandwidth,
+    /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
+    /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
+    /// memory budget holds per dtype.
+    Perplexity(PerplexityArgs),
     /// Ledger ingest: usage events/s batched versus one insert per event, side by side, in a
     /// scratch database it creates and drops.
     Billing {
@@ -66,6 +74,86 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 100_000)]
         events: usize,
     },
+    /// Gateway overhead: the same load direct to a fake-model server and through gateway +
+    /// Redis + a fake worker; added median/p99 latency and requests/s.
+    Gateway {
+        /// Redis for the broker and the rate limiter (a scratch key prefix, removed after).
+        #[arg(
+            long,
+            env = "TIDAL_REDIS_URL",
+            default_value = "redis://127.0.0.1:6379"
+        )]
+        redis: String,
+        /// Ledger database (default: a temporary SQLite file).
+        #[arg(long)]
+        database: Option<String>,
+        /// Concurrent clients (closed loop).
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// Requests per path.
+        #[arg(long, default_value_t = 4000)]
+        requests: usize,
+        /// Completion tokens per request.
+        #[arg(long, default_value_t = 4)]
+        tokens: usize,
+        /// Open loop at this many requests/s instead of closed loop.
+        #[arg(long)]
+        rate: Option<u32>,
+    },
+    /// Queue-worker throughput: the same concurrent requests to the engine directly, through
+    /// a worker on the in-process broker, and (with --queue) through a worker on Redis.
+    Worker {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Concurrent requests (all enqueued at once).
+        #[arg(long, default_value_t = 16)]
+        requests: usize,
+        #[arg(long, default_value_t = 128)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 64)]
+        generate: usize,
+        /// Also measure through Redis at this URL (a scratch key prefix, removed after).
+        #[arg(long)]
+        queue: Option<String>,
+    },
+}
+
+/// Flags of `tidal bench perplexity`.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// GGUF model file.
+    #[arg(long, env = "TIDAL_MODEL")]
+    pub model: PathBuf,
+    /// Plain-text file to score, e.g. /usr/share/common-licenses/GPL-3.
+    #[arg(long)]
+    pub text: PathBuf,
+    /// KV cache dtypes to compare, comma-separated.
+    #[arg(long, default_value = "f32,f16,int8", value_delimiter = ',')]
+    pub kv_cache_dtype: Vec<KvDtype>,
+    /// Use only the first N tokens of the text.
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Tokens per chunk; the second half of each chunk is scored.
+    #[arg(long, default_value_t = 512)]
+    pub context: usize,
+    /// Tokens per forward call.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Re-quantise the weights at load: q4_0, q4_1, q8_0 or f16.
+    #[arg(long)]
+    pub quantize: Option<QuantizeTo>,
+    /// Worker threads for the kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// KV memory for the capacity figures, e.g. 1GiB.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Tokens per sequence for the capacity figures (prompt + generated).
+    #[arg(long, default_value_t = 256)]
+    pub sequence_tokens: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
 }
 
 /// Runs one benchmark and prints its report as JSON lines.
@@ -136,10 +224,132 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let report = runtime.block_on(tidal_billing::bench::bench_ingest(&database, events))?;
             print(&serde_json::json!({"bench": "billing", "report": report}));
         }
+        BenchCommand::Gateway {
+            redis,
+            database,
+            clients,
+            requests,
+            tokens,
+            rate,
+        } => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            let opts = tidal_gateway::bench::GatewayBenchOptions {
+                redis_url: redis,
+                database_url: database,
+                clients,
+                requests,
+                tokens,
+                rate_per_s: rate,
+                ..Default::default()
+            };
+            let report = runtime.block_on(tidal_gateway::bench::bench_gateway(opts))?;
+            print(&serde_json::json!({"bench": "gateway", "report": report}));
+        }
+        BenchCommand::Worker {
+            engine,
+            requests,
+            prompt_tokens,
+            generate,
+            queue,
+        } => bench_worker(&engine, requests, prompt_tokens, generate, queue)?,
+        BenchCommand::Perplexity(args) => perplexity(args)?,
         BenchCommand::Bandwidth => {
             let gb = bench::memory_bandwidth_gb_per_s(1 << 30);
             print(&serde_json::json!({"bench": "bandwidth", "gb_per_s": gb}));
         }
+    }
+    Ok(())
+}
+
+/// The engine alone, then a worker on the in-process broker, then (optionally) a worker on
+/// Redis; each path gets its own prompts so no path profits from another's prefix cache.
+fn bench_worker(
+    engine: &EngineArgs,
+    requests: usize,
+    prompt_tokens: usize,
+    generate: usize,
+    queue: Option<String>,
+) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use tidal_queue::{Broker, BrokerConfig, MemoryBroker, RedisBroker};
+    use tidal_runtime::worker::bench::bench_worker;
+
+    let loaded = engine.load()?;
+    let tokenizer = loaded.engine.tokenizer().clone();
+    let prompts = |path: usize| -> Vec<Vec<u32>> {
+        (0..requests)
+            .map(|i| text_tokens(&tokenizer, path * requests + i, prompt_tokens))
+            .collect()
+    };
+    let direct = bench::concurrency(&loaded.engine, requests, &prompts(0), generate)?;
+    print(&serde_json::json!({"bench": "worker", "path": "engine", "report": direct}));
+    let model = Arc::new(loaded.into_model());
+    let runtime = tokio::runtime::Runtime::new()?;
+    let memory: Arc<dyn Broker> = Arc::new(MemoryBroker::default());
+    let report = runtime.block_on(bench_worker(
+        model.clone(),
+        memory,
+        "memory",
+        &prompts(1),
+        generate,
+    ))?;
+    print(&serde_json::json!({"bench": "worker", "path": "memory", "report": report}));
+    if let Some(url) = queue {
+        let prefix = format!("tidal-bench-{}:", std::process::id());
+        let config = BrokerConfig {
+            prefix: prefix.clone(),
+            ..BrokerConfig::default()
+        };
+        let report = runtime.block_on(async {
+            let redis: Arc<dyn Broker> = Arc::new(RedisBroker::connect(&url, config).await?);
+            let r = bench_worker(model.clone(), redis, "redis", &prompts(2), generate).await;
+            tidal_queue::testing::delete_prefix(&url, &prefix);
+            anyhow::Ok(r?)
+        })?;
+        print(&serde_json::json!({"bench": "worker", "path": "redis", "report": report}));
+    }
+    Ok(())
+}
+
+/// Scores the text once per KV dtype with the same weights, then prints the capacity table.
+fn perplexity(args: PerplexityArgs) -> anyhow::Result<()> {
+    let file = ModelFile::open(&args.model)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    let tokenizer = Tokenizer::from_gguf(file.content()).context("building the tokenizer")?;
+    let model = Model::load(&file, args.quantize).context("loading the weights")?;
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
+    let mut tokens = tokenizer.encode(&text, false);
+    if let Some(max) = args.max_tokens {
+        tokens.truncate(max);
+    }
+    for dtype in &args.kv_cache_dtype {
+        let options = bench::PerplexityOptions {
+            kv_cache_dtype: *dtype,
+            context: args.context,
+            batch: args.batch,
+            block_size: args.block_size,
+            threads: args.threads,
+        };
+        let report = bench::perplexity(&model, &tokens, &options)?;
+        print(&serde_json::json!({
+            "bench": "perplexity",
+            "model": args.model.display().to_string(),
+            "quantize": args.quantize.map(|q| format!("{q:?}")),
+            "text": args.text.display().to_string(),
+            "text_tokens": tokens.len(),
+            "report": report,
+        }));
+    }
+    for dtype in &args.kv_cache_dtype {
+        let capacity = bench::kv_capacity(
+            model.config(),
+            *dtype,
+            args.kv_cache_memory,
+            args.block_size,
+            args.sequence_tokens,
+        );
+        print(&serde_json::json!({"bench": "kv_capacity", "report": capacity}));
     }
     Ok(())
 }

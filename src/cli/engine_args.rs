@@ -1,13 +1,13 @@
 //! Flags that configure a model and its engine, shared by `runtime` and `bench`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tidal_runtime::engine::{Engine, EngineConfig};
-use tidal_runtime::model::{Model, ModelFile, QuantizeTo};
-use tidal_tokenizer::{ChatTemplate, ChatTemplateError, Tokenizer};
+use tidal_runtime::engine::EngineConfig;
+use tidal_runtime::load::{load_model, Loaded};
+use tidal_runtime::model::{KvDtype, QuantizeTo};
 
 /// Model and engine flags.
 #[derive(Args, Debug, Clone)]
@@ -36,13 +36,9 @@ pub struct EngineArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-}
-
-/// A loaded model: engine, tokenizer and chat template.
-pub struct Loaded {
-    pub engine: Engine,
-    pub chat_template: Option<ChatTemplate>,
-    pub load_seconds: f64,
+    /// KV cache element type: f32, f16 (2x the tokens per byte) or int8 (3.8x).
+    #[arg(long, default_value = "f32")]
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl EngineArgs {
@@ -55,36 +51,14 @@ impl EngineArgs {
             max_num_seqs: self.max_num_seqs,
             enable_prefix_caching: !self.no_prefix_caching,
             threads: self.threads,
+            kv_cache_dtype: self.kv_cache_dtype,
         }
     }
 
     /// Maps the model, builds tokenizer and template, and starts the engine.
     pub fn load(&self) -> anyhow::Result<Loaded> {
-        let started = std::time::Instant::now();
-        let file = ModelFile::open(&self.model)
-            .with_context(|| format!("loading {}", self.model.display()))?;
-        let tokenizer = Tokenizer::from_gguf(file.content())
-            .context("building the tokenizer from GGUF metadata")?;
-        let chat_template = match ChatTemplate::from_gguf(file.content()) {
-            Ok(t) => Some(t),
-            Err(ChatTemplateError::Missing) => {
-                tracing::warn!(
-                    "the model has no chat template: /v1/chat/completions will answer 400"
-                );
-                None
-            }
-            Err(e) => return Err(e).context("compiling the model's chat template"),
-        };
-        let model = Model::load(&file, self.quantize).context("loading model weights")?;
-        let engine = Engine::start(model, Arc::new(tokenizer), self.engine_config())
-            .context("starting the engine")?;
-        let load_seconds = started.elapsed().as_secs_f64();
-        tracing::info!(seconds = format!("{load_seconds:.3}"), "model ready");
-        Ok(Loaded {
-            engine,
-            chat_template,
-            load_seconds,
-        })
+        load_model(&self.model, self.engine_config(), self.quantize)
+            .with_context(|| format!("loading {}", self.model.display()))
     }
 }
 
@@ -115,9 +89,41 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok((value * factor) as usize)
 }
 
+/// Parses `30s`, `500ms`, `2m`, `1h` or a plain number of seconds (`1.5`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 30s, 500ms, 2m)"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown duration unit `{other}` (use ms, s, m, h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{s}`: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, parse_duration};
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3 weeks").is_err());
+    }
 
     #[test]
     fn sizes() {

@@ -2,7 +2,14 @@
 
 pub mod bench;
 pub mod billing;
+pub mod controller;
+pub mod crd;
 pub mod engine_args;
+pub mod gateway;
+pub mod keys;
 pub mod logging;
 pub mod report;
 pub mod runtime;
+pub mod signals;
+pub mod status;
+pub mod up;

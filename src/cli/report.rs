@@ -14,15 +14,16 @@ pub enum OutputFormat {
 /// Flags of `tidal report`.
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// Ledger database: `postgres://...` or `sqlite:PATH`.
+    /// Ledger database: `postgres://...` or `sqlite:PATH` (default: the ledger of `tidal up`
+    /// in its data directory).
     #[arg(long, env = "TIDAL_DATABASE_URL")]
-    pub database: String,
-    /// Tenant id.
-    #[arg(long)]
+    pub database: Option<String>,
+    /// Tenant id (default: `local`, the tenant `tidal up` creates).
+    #[arg(long, default_value = tidal_local::credentials::LOCAL_TENANT)]
     pub tenant: String,
-    /// Calendar month, e.g. 2026-11.
+    /// Calendar month, e.g. 2026-11 (default: this month, UTC).
     #[arg(long)]
-    pub month: String,
+    pub month: Option<String>,
     #[arg(long, value_enum, default_value = "json")]
     pub format: OutputFormat,
     /// Print the month's invoice (the issued one, or a draft) instead of the usage report.
@@ -32,16 +33,22 @@ pub struct ReportArgs {
 
 /// Prints the report.
 pub fn run(args: ReportArgs) -> anyhow::Result<()> {
-    let month = Month::parse(&args.month).with_context(|| format!("--month {}", args.month))?;
+    let month = match &args.month {
+        Some(m) => Month::parse(m).with_context(|| format!("--month {m}"))?,
+        None => Month::of_instant(chrono::Utc::now()),
+    };
+    let database = args.database.clone().unwrap_or_else(|| {
+        tidal_local::paths::local_ledger_url(&tidal_local::paths::default_data_dir())
+    });
     let format = match args.format {
         OutputFormat::Json => Format::Json,
         OutputFormat::Csv => Format::Csv,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     let text = runtime.block_on(async {
-        let ledger = Ledger::connect(&args.database)
+        let ledger = Ledger::connect(&database)
             .await
-            .with_context(|| format!("opening ledger {}", args.database))?;
+            .with_context(|| format!("opening ledger {database}"))?;
         // The CLI runs with the operator's rights: whoever can open the database reads it all.
         let principal = Principal::operator();
         let text = if args.invoice {

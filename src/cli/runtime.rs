@@ -1,59 +1,202 @@
-//! `tidal runtime`: one model behind the direct OpenAI-compatible HTTP server.
+//! `tidal runtime`: one model, either behind the direct OpenAI-compatible HTTP server or,
+//! with `--queue`, as a queue worker (with `/health` and `/metrics` on `--listen`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use std::future::IntoFuture;
 
 use anyhow::Context;
-use clap::Args;
-use metrics_exporter_prometheus::PrometheusBuilder;
-use tidal_runtime::server::{router, LoadedModel, ServerState};
+use clap::{Args, ValueEnum};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
+use tidal_runtime::server::{router, ServerState};
+use tidal_runtime::worker::{probe, Worker, WorkerConfig};
+use tokio::sync::watch;
 
-use super::engine_args::EngineArgs;
+use super::engine_args::{parse_duration, EngineArgs};
 
 /// Flags of `tidal runtime`.
 #[derive(Args, Debug)]
 pub struct RuntimeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
-    /// Address of the HTTP server.
+    /// Address of the HTTP server (worker mode: `/health` and `/metrics` only).
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
     /// Name clients pass as `model` (default: the file name without `.gguf`).
     #[arg(long)]
     pub model_name: Option<String>,
+    #[command(flatten)]
+    pub worker: WorkerArgs,
 }
 
-/// Starts listening at once (health says 503 while loading), loads the model, then serves.
-pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
-    let prometheus = PrometheusBuilder::new()
+/// Capacity a worker runs on.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum CapacityArg {
+    /// Spot / preemptible nodes.
+    Spot,
+    /// On-demand nodes.
+    OnDemand,
+}
+
+/// Worker-mode flags.
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    /// Pull jobs from this broker (`redis://host:port/db`) instead of serving requests
+    /// directly.
+    #[arg(long, env = "TIDAL_QUEUE")]
+    pub queue: Option<String>,
+    /// Prefix of the broker's keys.
+    #[arg(long, default_value = "tidal:")]
+    pub queue_prefix: String,
+    /// Model id whose jobs to serve (default: --model-name, else the file name).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// This worker's consumer name, unique per model (default: host name and process id).
+    #[arg(long, env = "TIDAL_WORKER_NAME")]
+    pub worker_name: Option<String>,
+    /// Capacity this worker runs on (reported in heartbeats and usage).
+    #[arg(long, value_enum, default_value = "on-demand")]
+    pub capacity_type: CapacityArg,
+    /// On SIGTERM/SIGINT, how long running requests may take to finish before the rest are
+    /// re-enqueued for another worker.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// A job not renewed by its worker for this long is taken over (same for every worker).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub claim_timeout: Duration,
+    /// Most jobs held at once (default: --max-num-seqs).
+    #[arg(long)]
+    pub max_jobs: Option<usize>,
+}
+
+fn prometheus() -> anyhow::Result<PrometheusHandle> {
+    PrometheusBuilder::new()
         .set_buckets(&[
             0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ])
         .context("configuring metrics")?
         .install_recorder()
-        .context("installing the metrics recorder")?;
-    let name = args.model_name.clone().unwrap_or_else(|| {
+        .context("installing the metrics recorder")
+}
+
+fn model_name(args: &RuntimeArgs) -> String {
+    args.model_name.clone().unwrap_or_else(|| {
         args.engine
             .model
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
-    });
-    let state = ServerState::new(name.clone(), Some(prometheus));
-    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
-    runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("binding {}", args.listen))?;
-        tracing::info!(addr = %listener.local_addr()?, model = %name, "listening");
-        let server = tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
-        let engine_args = args.engine.clone();
-        let loaded = tokio::task::spawn_blocking(move || engine_args.load()).await??;
-        state.set_loaded(LoadedModel {
-            engine: loaded.engine,
-            chat_template: loaded.chat_template,
-        });
-        server.await.context("server task")?.context("serving HTTP")
     })
+}
+
+/// Runs the direct server, or the worker when `--queue` is given.
+pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    match args.worker.queue.clone() {
+        Some(url) => runtime.block_on(run_worker(args, url)),
+        None => runtime.block_on(serve(args)),
+    }
+}
+
+/// Starts listening at once (health says 503 while loading), loads the model, then serves.
+async fn serve(args: RuntimeArgs) -> anyhow::Result<()> {
+    let name = model_name(&args);
+    let state = ServerState::new(name.clone(), Some(prometheus()?));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, model = %name, "listening");
+    let server = tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
+    let engine_args = args.engine.clone();
+    let loaded = tokio::task::spawn_blocking(move || engine_args.load()).await??;
+    state.set_loaded(loaded.into_model());
+    server.await.context("server task")?.context("serving HTTP")
+}
+
+fn default_worker_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// Turns true on the first SIGTERM or SIGINT; a second one ends the process at once.
+fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        for n in 0.. {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if n == 0 {
+                tracing::info!("shutdown signal: draining");
+                let _ = tx.send(true);
+            } else {
+                tracing::warn!("second shutdown signal: exiting without draining");
+                std::process::exit(1);
+            }
+        }
+    });
+    Ok(rx)
+}
+
+async fn signalled(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Worker mode: probes first, then the broker and the model, then pull until signalled.
+async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal()?;
+    let probes = probe::ProbeState::new(Some(prometheus()?));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics listening");
+    tokio::spawn(axum::serve(listener, probe::router(probes.clone())).into_future());
+
+    let w = &args.worker;
+    let mut config = WorkerConfig::new(
+        w.model_id.clone().unwrap_or_else(|| model_name(&args)),
+        w.worker_name.clone().unwrap_or_else(default_worker_name),
+    );
+    config.capacity_type = match w.capacity_type {
+        CapacityArg::Spot => CapacityType::Spot,
+        CapacityArg::OnDemand => CapacityType::OnDemand,
+    };
+    config.drain_timeout = w.drain_timeout;
+    config.claim_timeout = w.claim_timeout;
+    config.max_jobs = w.max_jobs;
+    config.validate()?;
+
+    let broker_config = BrokerConfig {
+        prefix: w.queue_prefix.clone(),
+        ..BrokerConfig::default()
+    };
+    let broker = RedisBroker::connect(&url, broker_config)
+        .await
+        .with_context(|| format!("connecting to the queue at {url}"))?;
+    let engine_args = args.engine.clone();
+    let load = tokio::task::spawn_blocking(move || engine_args.load());
+    let loaded = tokio::select! {
+        loaded = load => loaded.context("model loading task")??,
+        _ = signalled(shutdown.clone()) => {
+            tracing::info!("shutdown before the model was loaded");
+            return Ok(());
+        }
+    };
+    let worker = Worker::new(Arc::new(loaded.into_model()), Arc::new(broker), config)?;
+    probes.set_worker(worker.status());
+    let summary = worker.run(signalled(shutdown)).await;
+    tracing::info!(?summary, "worker exited");
+    Ok(())
 }

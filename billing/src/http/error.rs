@@ -14,24 +14,12 @@ pub struct HttpError(pub ApiError);
 impl HttpError {
     /// 401: missing, unknown or revoked key.
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        HttpError(ApiError {
-            status: 401,
-            message: message.into(),
-            kind: "authentication_error",
-            param: None,
-            code: Some("invalid_api_key"),
-        })
+        HttpError(ApiError::unauthorized(message))
     }
 
     /// 403: the key may not read this.
     pub fn forbidden(message: impl Into<String>) -> Self {
-        HttpError(ApiError {
-            status: 403,
-            message: message.into(),
-            kind: "permission_error",
-            param: None,
-            code: Some("forbidden"),
-        })
+        HttpError(ApiError::forbidden(message))
     }
 
     /// 400 about one query or path parameter.
@@ -50,13 +38,7 @@ impl From<Error> for HttpError {
         match e {
             Error::Forbidden(m) => HttpError::forbidden(m),
             Error::Invalid(m) => HttpError(ApiError::bad_request(m)),
-            Error::NotFound(m) => HttpError(ApiError {
-                status: 404,
-                message: format!("not found: {m}"),
-                kind: "invalid_request_error",
-                param: None,
-                code: Some("not_found"),
-            }),
+            Error::NotFound(m) => HttpError(ApiError::not_found("not_found", format!("not found: {m}"))),
             e if e.is_transient() => {
                 tracing::warn!(error = %e, "ledger unavailable");
                 HttpError(ApiError::unavailable(

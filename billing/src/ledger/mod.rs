@@ -11,6 +11,7 @@
 
 mod catalogue;
 mod ingest;
+mod limits;
 mod reads;
 mod reprice;
 mod tenants;
@@ -29,6 +30,7 @@ use crate::error::{Error, Result};
 
 pub use catalogue::FleetUsage;
 pub use ingest::IngestOutcome;
+pub use limits::{RateLimits, RequestRecord, TenantSettings};
 pub use reprice::RepriceOutcome;
 pub use tenants::{BudgetStatus, IssuedKey, KeyInfo, Tenant};
 

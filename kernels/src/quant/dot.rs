@@ -1,18 +1,24 @@
-//! Q4_1 × Q8_1 block dot products, after ggml's `ggml_vec_dot_q4_1_q8_1`: per block
-//! `d4 * d8 * Σ q4·q8 + m4 * s8`. The AVX2 path unpacks the 32 nibbles into bytes once and
-//! multiplies them against up to `R` activation rows (`maddubs`: unsigned × signed bytes, no
-//! overflow since 15 · 127 · 2 < 2¹⁵), so a batch reuses each unpacked weight block.
+//! Row dot products of quantised weights against Q8_1 activation rows, after ggml's
+//! `ggml_vec_dot_q4_0_q8_0`, `_q4_1_q8_1` and `_q8_0_q8_0`: per block
+//! `d · d8 · Σ q·q8 + m · s8` (see [`super::format`]). One weight row is dotted with up to
+//! `R` activation rows at once, so each unpacked weight block serves all of them. These serve
+//! decode (one activation row) and small batches; larger batches go through the panel GEMM
+//! (`gemm_avx2`).
 
-use super::q4_1::{f16_at, Q4_1_BLOCK_BYTES, QK};
+use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
 use super::q8_1::BlockQ8_1;
 
-/// Which dot-product implementation a matmul runs.
+/// Which implementation a matmul runs (chosen at run time, see [`DotKernel::detect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DotKernel {
-    /// Plain Rust, any CPU.
+    /// Plain Rust, any CPU: row dot products for every batch size.
     Portable,
-    /// AVX2 + FMA + F16C (x86-64 only; runs only where [`DotKernel::is_supported`]).
+    /// AVX2 + FMA + F16C (x86-64 only): row dot products for small batches, the interleaved
+    /// panel GEMM for batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more.
     Avx2,
+    /// AVX2 row dot products for every batch size (the batched path before the panel GEMM,
+    /// kept to measure what the GEMM brings).
+    Avx2Rows,
 }
 
 impl DotKernel {
@@ -34,26 +40,35 @@ impl DotKernel {
     pub fn is_supported(self) -> bool {
         match self {
             DotKernel::Portable => true,
-            DotKernel::Avx2 => DotKernel::detect() == DotKernel::Avx2,
+            DotKernel::Avx2 | DotKernel::Avx2Rows => DotKernel::detect() == DotKernel::Avx2,
         }
     }
 
-    /// Dot products of one Q4_1 weight row `w` against `R` Q8_1 activation rows.
+    /// Dot products of one weight row `w` of type `ty` against `R` Q8_1 activation rows.
     ///
     /// # Panics
     /// If a row's block count differs from `w`'s, or this kernel is not supported here.
-    #[inline]
-    pub fn dot<const R: usize>(self, w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
+    pub fn dot<const R: usize>(
+        self,
+        ty: QuantType,
+        w: &[u8],
+        xs: [&[BlockQ8_1]; R],
+    ) -> [f32; R] {
         assert!(
             self.is_supported(),
             "{self:?} kernel is not supported on this CPU"
         );
         // SAFETY: support checked just above.
-        unsafe { self.dot_unchecked(w, xs) }
+        unsafe {
+            match ty {
+                QuantType::Q4_0 => self.row_dots::<Q4_0, R>(w, xs),
+                QuantType::Q4_1 => self.row_dots::<Q4_1, R>(w, xs),
+                QuantType::Q8_0 => self.row_dots::<Q8_0, R>(w, xs),
+            }
+        }
     }
 
-    /// [`DotKernel::dot`] without the CPU-support check, for inner loops whose caller checked
-    /// once.
+    /// [`DotKernel::dot`] for a format known at compile time, without the CPU-support check.
     ///
     /// # Safety
     /// `self.is_supported()` must be true.
@@ -61,205 +76,131 @@ impl DotKernel {
     /// # Panics
     /// If a row's block count differs from `w`'s.
     #[inline]
-    pub(crate) unsafe fn dot_unchecked<const R: usize>(
+    pub(crate) unsafe fn row_dots<F: Format, const R: usize>(
         self,
         w: &[u8],
         xs: [&[BlockQ8_1]; R],
     ) -> [f32; R] {
-        let nb = w.len() / Q4_1_BLOCK_BYTES;
-        assert_eq!(
-            nb * Q4_1_BLOCK_BYTES,
-            w.len(),
-            "Q4_1 row is not whole blocks"
-        );
+        let nb = w.len() / F::BLOCK_BYTES;
+        assert_eq!(nb * F::BLOCK_BYTES, w.len(), "weight row is not whole blocks");
         for x in &xs {
-            assert_eq!(x.len(), nb, "Q8_1 row and Q4_1 row differ in block count");
+            assert_eq!(x.len(), nb, "activation and weight rows differ in block count");
         }
         match self {
-            DotKernel::Portable => dot_portable(w, xs),
+            DotKernel::Portable => dot_portable::<F, R>(w, xs),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the caller guarantees AVX2/FMA/F16C; lengths checked above.
-            DotKernel::Avx2 => unsafe { avx2::dot(w, xs) },
+            DotKernel::Avx2 | DotKernel::Avx2Rows => unsafe {
+                super::dot_avx2::row_dots::<F, R>(w, xs)
+            },
             #[cfg(not(target_arch = "x86_64"))]
-            DotKernel::Avx2 => unreachable!("AVX2 is never supported off x86-64"),
+            DotKernel::Avx2 | DotKernel::Avx2Rows => {
+                unreachable!("AVX2 is never supported off x86-64")
+            }
         }
     }
 }
 
-fn dot_portable<const R: usize>(w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
+fn dot_portable<F: Format, const R: usize>(w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
     let mut acc = [0.0f32; R];
-    for (b, wb) in w.chunks_exact(Q4_1_BLOCK_BYTES).enumerate() {
-        let (d4, m4) = (f16_at(wb, 0), f16_at(wb, 2));
+    for (b, wb) in w.chunks_exact(F::BLOCK_BYTES).enumerate() {
+        let (d, m) = F::scales(wb);
         for (r, x) in xs.iter().enumerate() {
             let xb = &x[b];
-            let mut sum = 0i32;
-            for j in 0..QK / 2 {
-                let q = wb[4 + j];
-                sum += (q & 0x0F) as i32 * xb.qs[j] as i32
-                    + (q >> 4) as i32 * xb.qs[j + QK / 2] as i32;
-            }
-            acc[r] += d4 * xb.d * sum as f32 + m4 * xb.s;
+            acc[r] += d * xb.d * F::isum(wb, &xb.qs) as f32 + m * xb.s;
         }
     }
     acc
 }
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::*;
-    use std::arch::x86_64::*;
-
-    /// Horizontal sum of 8 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// One block of `w` against block `b` of every row: accumulates into `acc` and `summs`.
-    ///
-    /// # Safety
-    /// AVX2/FMA/F16C available; `wb` is one 20-byte block; `b < xs[r].len()` for every row.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block<const R: usize>(
-        wb: &[u8],
-        xs: &[&[BlockQ8_1]; R],
-        b: usize,
-        acc: &mut [__m256; R],
-        summs: &mut [f32; R],
-    ) {
-        // d and m are adjacent f16s: convert both with one F16C instruction.
-        let dm_bits = i32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
-        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(dm_bits));
-        let d4 = _mm_cvtss_f32(dm);
-        let m4 = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-        // SAFETY: wb[4..20] is 16 readable bytes; loadu has no alignment requirement.
-        let packed = unsafe { _mm_loadu_si128(wb.as_ptr().add(4) as *const __m128i) };
-        // Low nibbles are values 0..16, high nibbles 16..32: the same order as Q8_1's qs.
-        let hi = _mm_srli_epi16::<4>(packed);
-        let q4 = _mm256_and_si256(_mm256_set_m128i(hi, packed), _mm256_set1_epi8(0x0F));
-        for r in 0..R {
-            // SAFETY: b < xs[r].len() (caller's contract).
-            let xb = unsafe { xs[r].get_unchecked(b) };
-            // SAFETY: qs is 32 readable bytes.
-            let q8 = unsafe { _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i) };
-            let p16 = _mm256_maddubs_epi16(q4, q8);
-            let p32 = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d4 * xb.d), p32, acc[r]);
-            summs[r] += m4 * xb.s;
-        }
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C; every `xs[r]` must hold `w.len() / 20` blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot<const R: usize>(w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
-        // Two accumulator sets (even and odd blocks) halve the FMA dependency chain.
-        let mut acc0 = [_mm256_setzero_ps(); R];
-        let mut acc1 = [_mm256_setzero_ps(); R];
-        // Separate offset sums too: one scalar add chain per block would bound the loop.
-        let mut summs0 = [0.0f32; R];
-        let mut summs1 = [0.0f32; R];
-        let mut blocks = w.chunks_exact(2 * Q4_1_BLOCK_BYTES);
-        let mut b = 0;
-        for pair in &mut blocks {
-            // SAFETY: features guaranteed by the caller; b + 1 < nb.
-            unsafe {
-                block(&pair[..Q4_1_BLOCK_BYTES], &xs, b, &mut acc0, &mut summs0);
-                block(
-                    &pair[Q4_1_BLOCK_BYTES..],
-                    &xs,
-                    b + 1,
-                    &mut acc1,
-                    &mut summs1,
-                );
-            }
-            b += 2;
-        }
-        let rest = blocks.remainder();
-        if !rest.is_empty() {
-            // SAFETY: as above; b is the last block.
-            unsafe { block(rest, &xs, b, &mut acc0, &mut summs0) };
-        }
-        let mut out = [0.0f32; R];
-        for r in 0..R {
-            out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r])) + (summs0[r] + summs1[r]);
-        }
-        out
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::quant::q4_1::dequantize_q4_1;
+    use crate::quant::q4_1::QK;
     use crate::quant::q8_1::quantize_q8_1;
     use crate::test_util::{random_vec, rng};
     use rand::rngs::StdRng;
     use rand::Rng;
 
-    /// `n_blocks` random Q4_1 blocks: every nibble value, scales like real weights.
-    pub(crate) fn random_q4_1(r: &mut StdRng, n_blocks: usize) -> Vec<u8> {
-        let mut w = Vec::with_capacity(n_blocks * Q4_1_BLOCK_BYTES);
+    /// `n_blocks` random blocks of `ty`: every q value occurs, scales like real weights.
+    pub(crate) fn random_blocks(r: &mut StdRng, ty: QuantType, n_blocks: usize) -> Vec<u8> {
+        let mut w = Vec::with_capacity(n_blocks * ty.block_bytes());
         for _ in 0..n_blocks {
             let d: f32 = r.random_range(0.001..0.05);
-            let m: f32 = -d * r.random_range(0.0..15.0);
             w.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
-            w.extend_from_slice(&half::f16::from_f32(m).to_le_bytes());
-            w.extend((0..16).map(|_| r.random::<u8>()));
+            match ty {
+                QuantType::Q4_0 => w.extend((0..16).map(|_| r.random::<u8>())),
+                QuantType::Q4_1 => {
+                    let m: f32 = -d * r.random_range(0.0..15.0);
+                    w.extend_from_slice(&half::f16::from_f32(m).to_le_bytes());
+                    w.extend((0..16).map(|_| r.random::<u8>()));
+                }
+                // Every byte, -128 included (ggml's quantiser never writes it; a file may).
+                QuantType::Q8_0 => w.extend((0..32).map(|_| r.random::<u8>())),
+            }
         }
         w
     }
 
-    /// Exact value (f64) of the Q4_1 · Q8_1 product the kernels compute.
-    pub(crate) fn dequantised_dot(w: &[u8], x: &[BlockQ8_1]) -> f64 {
-        let mut wf = vec![0.0; w.len() / Q4_1_BLOCK_BYTES * QK];
-        dequantize_q4_1(w, &mut wf);
+    /// Exact value (f64) of the weight · Q8_1 product the kernels compute.
+    pub(crate) fn dequantised_dot(ty: QuantType, w: &[u8], x: &[BlockQ8_1]) -> f64 {
+        let mut wf = vec![0.0; w.len() / ty.block_bytes() * QK];
+        ty.dequantize(w, &mut wf);
         let xf = x
             .iter()
             .flat_map(|b| b.qs.iter().map(move |q| b.d as f64 * *q as f64));
         wf.iter().zip(xf).map(|(a, b)| *a as f64 * b).sum()
     }
 
-    fn kernels() -> Vec<DotKernel> {
-        let mut k = vec![DotKernel::Portable];
-        if DotKernel::Avx2.is_supported() {
-            k.push(DotKernel::Avx2);
-        }
-        k
+    pub(crate) fn kernels() -> Vec<DotKernel> {
+        [DotKernel::Portable, DotKernel::Avx2, DotKernel::Avx2Rows]
+            .into_iter()
+            .filter(|k| k.is_supported())
+            .collect()
     }
 
     #[test]
-    fn every_kernel_matches_the_dequantised_dot() {
+    fn every_kernel_and_format_matches_the_dequantised_dot() {
         let mut r = rng(60);
-        for nb in [1, 2, 3, 18, 48] {
-            let w = random_q4_1(&mut r, nb);
-            let rows: Vec<Vec<BlockQ8_1>> = (0..4)
-                .map(|_| {
-                    let x = random_vec(&mut r, nb * QK, 3.0);
-                    let mut q = vec![BlockQ8_1::default(); nb];
-                    quantize_q8_1(&x, &mut q);
-                    q
-                })
-                .collect();
-            for k in kernels() {
-                let four = k.dot(&w, [&rows[0], &rows[1], &rows[2], &rows[3]]);
-                for (i, row) in rows.iter().enumerate() {
-                    let want = dequantised_dot(&w, row);
-                    let one = k.dot(&w, [row.as_slice()])[0];
-                    let tol = 1e-5 * (1.0 + want.abs()) + 1e-4 * nb as f64;
-                    assert!(
-                        (one as f64 - want).abs() <= tol,
-                        "{k:?} nb {nb}: {one} vs {want}"
-                    );
-                    assert_eq!(one, four[i], "{k:?}: batched and single dot differ");
+        for ty in QuantType::ALL {
+            for nb in [1, 2, 3, 18, 48] {
+                let w = random_blocks(&mut r, ty, nb);
+                let rows: Vec<Vec<BlockQ8_1>> = (0..4)
+                    .map(|_| {
+                        let x = random_vec(&mut r, nb * QK, 3.0);
+                        let mut q = vec![BlockQ8_1::default(); nb];
+                        quantize_q8_1(&x, &mut q);
+                        q
+                    })
+                    .collect();
+                for k in kernels() {
+                    let four = k.dot(ty, &w, [&rows[0], &rows[1], &rows[2], &rows[3]]);
+                    for (i, row) in rows.iter().enumerate() {
+                        let want = dequantised_dot(ty, &w, row);
+                        let one = k.dot(ty, &w, [row.as_slice()])[0];
+                        let tol = 1e-5 * (1.0 + want.abs()) + 1e-4 * nb as f64;
+                        assert!(
+                            (one as f64 - want).abs() <= tol,
+                            "{k:?} {ty:?} nb {nb}: {one} vs {want}"
+                        );
+                        assert_eq!(one, four[i], "{k:?} {ty:?}: batched and single dot differ");
+                    }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn extreme_q8_0_values_do_not_saturate() {
+        // -128 weights against ±127 activations: the largest pair sums maddubs can see.
+        let mut w = half::f16::from_f32(1.0).to_le_bytes().to_vec();
+        w.extend([0x80u8; 32]);
+        let mut x = [BlockQ8_1::default()];
+        quantize_q8_1(&[-1.0; QK], &mut x);
+        for k in kernels() {
+            let got = k.dot(QuantType::Q8_0, &w, [&x[..]])[0];
+            // Exactly 128 · 32 = 4096 up to float rounding; saturation would lose hundreds.
+            assert!((got - 4096.0).abs() < 1e-2, "{k:?}: {got}");
         }
     }
 
@@ -271,7 +212,7 @@ pub(crate) mod tests {
     #[test]
     #[should_panic(expected = "block count")]
     fn rejects_mismatched_rows() {
-        let w = vec![0u8; 2 * Q4_1_BLOCK_BYTES];
-        DotKernel::Portable.dot(&w, [&[BlockQ8_1::default()][..]]);
+        let w = vec![0u8; 2 * 20];
+        DotKernel::Portable.dot(QuantType::Q4_1, &w, [&[BlockQ8_1::default()][..]]);
     }
 }

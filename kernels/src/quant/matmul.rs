@@ -1,39 +1,115 @@
-//! `out[m, n] = x[m, k] · Wᵀ` with W the raw GGUF Q4_1 bytes of n rows of k weights.
+//! `out[m, n] = x[m, k] · Wᵀ` with W the raw GGUF bytes of n rows of k weights in Q4_0, Q4_1
+//! or Q8_0.
 //!
-//! As in ggml's `mul_mat`: the activations are quantised to Q8_1 once, then every output is an
-//! integer block dot product. Decode (m = 1) splits the weight rows across rayon threads. For a
-//! batch, each thread takes a run of weight rows and walks them once per tile of `M_TILE`
-//! activation rows, four activation rows per weight-block unpack, so a weight row is read from
-//! memory once per tile instead of once per activation row.
+//! As in ggml's `mul_mat`: the activations are quantised to Q8_1 once
+//! ([`QuantizedActivations`], which callers may share between matmuls of the same input), then
+//! every output is an integer block dot product. Decode (m = 1) splits the weight rows across
+//! rayon threads and runs the row dot products ([`super::dot`]). A batch of
+//! [`PANEL_MIN_ROWS`] rows or more, on AVX2, interleaves the activations into 8-row panels
+//! once and runs the panel GEMM (`gemm_avx2`, after llama.cpp's repacked GEMMs), which
+//! unpacks each weight block once per 16 activation rows and shares the scale work of eight.
+//! Each task owns a run of weight rows and writes them to a transposed result `[n, m]`, which
+//! one pass turns into `[m, n]`.
+
+use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
 use super::dot::DotKernel;
-use super::q4_1::{q4_1_row_bytes, QK};
+use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
+use super::panel::{build_panels, PanelBlock};
+use super::q4_1::QK;
 use super::q8_1::{quantize_q8_1, BlockQ8_1};
 
-/// Activation rows processed against one weight row before moving to the next: 64 rows of
-/// k = 1536 quantised activations (~120 KiB) stay in L2.
+/// Smallest batch that takes the panel GEMM on AVX2: below it, a panel's eight lanes would be
+/// mostly empty and the row dot products (four rows per weight unpack) do as well.
+pub const PANEL_MIN_ROWS: usize = 6;
+
+/// Activation rows processed against one weight row before moving to the next (row dot
+/// products): 64 rows of k = 1536 quantised activations (~120 KiB) stay in L2.
 const M_TILE: usize = 64;
 
 /// Block products (m · n · k/32) below which the matmul stays on the calling thread.
 const PAR_MIN_BLOCKS: usize = 2048;
 
-/// Quantised matmul for the GGUF Q4_1 type: x [m, k] f32, w = raw GGUF bytes of n rows of k
-/// values (ggml block layout: f16 d, f16 m, 16 bytes of nibbles per 32 values), out [m, n].
+/// `m` activation rows of `k` values quantised to Q8_1 (and, when a batched matmul asks for
+/// them, interleaved into panels), for one or more matmuls with the same input.
+#[derive(Debug)]
+pub struct QuantizedActivations {
+    m: usize,
+    k: usize,
+    blocks: Vec<BlockQ8_1>,
+    panels: OnceLock<Vec<PanelBlock>>,
+}
+
+impl QuantizedActivations {
+    /// Quantises `x` (`m` rows of `k` values).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32 or `x` is not `m * k` values.
+    pub fn new(x: &[f32], m: usize, k: usize) -> Self {
+        assert!(
+            k.is_multiple_of(QK),
+            "quantised matmul: k = {k} is not a multiple of {QK}"
+        );
+        assert_eq!(x.len(), m * k, "quantised matmul: x is not [m, k]");
+        let nb = k / QK;
+        let mut blocks = vec![BlockQ8_1::default(); m * nb];
+        if nb > 0 {
+            if m * k >= crate::PAR_MIN_ELEMS {
+                x.par_chunks(k)
+                    .zip(blocks.par_chunks_mut(nb))
+                    .for_each(|(xr, qr)| quantize_q8_1(xr, qr));
+            } else {
+                quantize_q8_1(x, &mut blocks);
+            }
+        }
+        Self {
+            m,
+            k,
+            blocks,
+            panels: OnceLock::new(),
+        }
+    }
+
+    /// Rows (`m`).
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// Values per row (`k`).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    fn row(&self, i: usize) -> &[BlockQ8_1] {
+        let nb = self.k / QK;
+        &self.blocks[i * nb..(i + 1) * nb]
+    }
+
+    fn panels(&self) -> &[PanelBlock] {
+        self.panels
+            .get_or_init(|| build_panels(&self.blocks, self.m, self.k / QK))
+    }
+}
+
+/// Quantised matmul: x `[m, k]` f32, w = raw GGUF bytes of `n` rows of `k` values of type
+/// `ty`, out `[m, n]`. Uses the fastest kernel of this CPU.
 ///
 /// # Panics
 /// If `k` is not a multiple of 32 or a slice length does not match the shape.
-pub fn matmul_q4_1(x: &[f32], w: &[u8], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    matmul_q4_1_with(DotKernel::detect(), x, w, m, k, n, out);
+pub fn matmul(ty: QuantType, x: &[f32], w: &[u8], m: usize, k: usize, n: usize, out: &mut [f32]) {
+    matmul_with(DotKernel::detect(), ty, x, w, m, k, n, out);
 }
 
-/// [`matmul_q4_1`] with a chosen dot-product kernel (for tests and benchmarks).
+/// [`matmul`] with a chosen kernel (for tests and benchmarks).
 ///
 /// # Panics
-/// As [`matmul_q4_1`], and if `kernel` is not supported on this CPU.
-pub fn matmul_q4_1_with(
+/// As [`matmul`], and if `kernel` is not supported on this CPU.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
     kernel: DotKernel,
+    ty: QuantType,
     x: &[f32],
     w: &[u8],
     m: usize,
@@ -41,33 +117,57 @@ pub fn matmul_q4_1_with(
     n: usize,
     out: &mut [f32],
 ) {
-    let row_bytes = q4_1_row_bytes(k);
-    assert_eq!(x.len(), m * k, "matmul_q4_1: x is not [m, k]");
+    let xq = QuantizedActivations::new(x, m, k);
+    matmul_quantized(kernel, ty, &xq, w, n, out);
+}
+
+/// [`matmul`] on activations quantised beforehand: `out [m, n] = xq · Wᵀ`.
+///
+/// # Panics
+/// If `w` is not `n` rows of `xq.cols()` values of `ty`, `out` is not `[m, n]`, or `kernel` is
+/// not supported on this CPU.
+pub fn matmul_quantized(
+    kernel: DotKernel,
+    ty: QuantType,
+    xq: &QuantizedActivations,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    match ty {
+        QuantType::Q4_0 => run::<Q4_0>(kernel, ty, xq, w, n, out),
+        QuantType::Q4_1 => run::<Q4_1>(kernel, ty, xq, w, n, out),
+        QuantType::Q8_0 => run::<Q8_0>(kernel, ty, xq, w, n, out),
+    }
+}
+
+fn run<F: Format>(
+    kernel: DotKernel,
+    ty: QuantType,
+    xq: &QuantizedActivations,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let (m, k) = (xq.m, xq.k);
+    let row_bytes = ty.row_bytes(k);
     assert_eq!(
         w.len(),
         n * row_bytes,
-        "matmul_q4_1: w is not n rows of k Q4_1 values"
+        "quantised matmul: w is not {n} rows of {k} {ty:?} values"
     );
-    assert_eq!(out.len(), m * n, "matmul_q4_1: out is not [m, n]");
+    assert_eq!(out.len(), m * n, "quantised matmul: out is not [m, n]");
     assert!(
         kernel.is_supported(),
-        "matmul_q4_1: {kernel:?} is not supported on this CPU"
+        "quantised matmul: {kernel:?} is not supported on this CPU"
     );
     if m == 0 || n == 0 {
         return;
     }
-    if k == 0 {
+    let nb = k / QK;
+    if nb == 0 {
         out.fill(0.0);
         return;
-    }
-    let nb = k / QK;
-    let mut xq = vec![BlockQ8_1::default(); m * nb];
-    if m * k >= crate::PAR_MIN_ELEMS {
-        x.par_chunks(k)
-            .zip(xq.par_chunks_mut(nb))
-            .for_each(|(xr, qr)| quantize_q8_1(xr, qr));
-    } else {
-        quantize_q8_1(x, &mut xq);
     }
     let threads = rayon::current_num_threads();
     // Several chunks per thread so an unlucky (preempted) thread does not hold up the call;
@@ -77,13 +177,14 @@ pub fn matmul_q4_1_with(
     } else {
         n.div_ceil(threads * 4).max(16)
     };
+    let weight_rows = |first: usize, rows: usize| &w[first * row_bytes..(first + rows) * row_bytes];
     if m == 1 {
+        let x = xq.row(0);
         let task = |(c, o): (usize, &mut [f32])| {
-            let first = c * rows_per_task;
-            for (j, oj) in o.iter_mut().enumerate() {
-                let wr = &w[(first + j) * row_bytes..(first + j + 1) * row_bytes];
+            let wr = weight_rows(c * rows_per_task, o.len());
+            for (oj, wj) in o.iter_mut().zip(wr.chunks_exact(row_bytes)) {
                 // SAFETY: kernel support asserted above.
-                *oj = unsafe { kernel.dot_unchecked(wr, [&xq[..]]) }[0];
+                *oj = unsafe { kernel.row_dots::<F, 1>(wj, [x]) }[0];
             }
         };
         if rows_per_task >= n {
@@ -93,18 +194,27 @@ pub fn matmul_q4_1_with(
         }
         return;
     }
-    // Transposed result [n, m]: each task owns whole rows of it, then one transpose.
+    let panels = (kernel == DotKernel::Avx2 && m >= PANEL_MIN_ROWS)
+        .then(|| xq.panels());
     let mut out_t = vec![0.0f32; n * m];
     let task = |(c, ot): (usize, &mut [f32])| {
-        let first = c * rows_per_task;
         let rows = ot.len() / m;
-        for i0 in (0..m).step_by(M_TILE) {
-            let i1 = (i0 + M_TILE).min(m);
-            for j in 0..rows {
-                let wr = &w[(first + j) * row_bytes..(first + j + 1) * row_bytes];
-                let o = &mut ot[j * m..(j + 1) * m];
-                // SAFETY: kernel support asserted above.
-                unsafe { dot_tile(kernel, wr, &xq, nb, i0..i1, o) };
+        let wr = weight_rows(c * rows_per_task, rows);
+        match panels {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: panels are only built for the AVX2 kernel, whose support was asserted;
+            // shapes follow from the asserts above.
+            Some(panels) => unsafe { super::gemm_avx2::gemm::<F>(wr, rows, nb, panels, m, ot) },
+            #[cfg(not(target_arch = "x86_64"))]
+            Some(_) => unreachable!("AVX2 is never supported off x86-64"),
+            None => {
+                for i0 in (0..m).step_by(M_TILE) {
+                    let i1 = (i0 + M_TILE).min(m);
+                    for (wj, o) in wr.chunks_exact(row_bytes).zip(ot.chunks_exact_mut(m)) {
+                        // SAFETY: kernel support asserted above.
+                        unsafe { dot_tile::<F>(kernel, wj, xq, i0..i1, o) };
+                    }
+                }
             }
         }
     };
@@ -116,18 +226,15 @@ pub fn matmul_q4_1_with(
             .enumerate()
             .for_each(task);
     }
-    if m * n >= crate::PAR_MIN_ELEMS {
-        out.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = out_t[j * m + i];
-            }
-        });
-    } else {
-        for (i, row) in out.chunks_mut(n).enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                *v = out_t[j * m + i];
-            }
+    let transpose = |(i, row): (usize, &mut [f32])| {
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = out_t[j * m + i];
         }
+    };
+    if m * n >= crate::PAR_MIN_ELEMS {
+        out.par_chunks_mut(n).enumerate().for_each(transpose);
+    } else {
+        out.chunks_mut(n).enumerate().for_each(transpose);
     }
 }
 
@@ -135,25 +242,24 @@ pub fn matmul_q4_1_with(
 ///
 /// # Safety
 /// `kernel.is_supported()` must be true.
-unsafe fn dot_tile(
+unsafe fn dot_tile<F: Format>(
     kernel: DotKernel,
     wr: &[u8],
-    xq: &[BlockQ8_1],
-    nb: usize,
+    xq: &QuantizedActivations,
     range: std::ops::Range<usize>,
     o: &mut [f32],
 ) {
-    let row = |i: usize| &xq[i * nb..(i + 1) * nb];
     let mut i = range.start;
     while i + 4 <= range.end {
+        let rows = [xq.row(i), xq.row(i + 1), xq.row(i + 2), xq.row(i + 3)];
         // SAFETY: the caller guarantees kernel support.
-        let r = unsafe { kernel.dot_unchecked(wr, [row(i), row(i + 1), row(i + 2), row(i + 3)]) };
+        let r = unsafe { kernel.row_dots::<F, 4>(wr, rows) };
         o[i..i + 4].copy_from_slice(&r);
         i += 4;
     }
     while i < range.end {
         // SAFETY: as above.
-        o[i] = unsafe { kernel.dot_unchecked(wr, [row(i)]) }[0];
+        o[i] = unsafe { kernel.row_dots::<F, 1>(wr, [xq.row(i)]) }[0];
         i += 1;
     }
 }
@@ -161,30 +267,23 @@ unsafe fn dot_tile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::dot::tests::{dequantised_dot, random_q4_1};
-    use crate::quant::q4_1::dequantize_q4_1;
+    use crate::quant::dot::tests::{dequantised_dot, kernels, random_blocks};
     use crate::test_util::{random_vec, rng};
     use rand::Rng;
-
-    fn kernels() -> Vec<DotKernel> {
-        [DotKernel::Portable, DotKernel::Avx2]
-            .into_iter()
-            .filter(|k| k.is_supported())
-            .collect()
-    }
 
     struct Case {
         x: Vec<f32>,
         w: Vec<u8>,
     }
 
-    fn case(seed: u64, m: usize, k: usize, n: usize) -> Case {
+    fn case(seed: u64, ty: QuantType, m: usize, k: usize, n: usize) -> Case {
         let mut r = rng(seed);
         let x = random_vec(&mut r, m * k, 2.0);
-        let w = random_q4_1(&mut r, n * k / QK);
+        let w = random_blocks(&mut r, ty, n * k / QK);
         Case { x, w }
     }
 
+    /// Odd shapes on both sides of PANEL_MIN_ROWS, partial panels and tiles, and the model's.
     fn shapes() -> Vec<(usize, usize, usize)> {
         let mut r = rng(70);
         let mut s = vec![
@@ -192,6 +291,10 @@ mod tests {
             (16, 576, 1536),
             (3, 1536, 576),
             (1, 32, 1),
+            (5, 64, 9),
+            (6, 64, 9),
+            (7, 96, 3),
+            (9, 32, 17),
             (65, 64, 7),
             (130, 96, 33),
         ];
@@ -206,27 +309,31 @@ mod tests {
     }
 
     #[test]
-    fn matches_exact_q8_1_reference_for_every_kernel() {
-        for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
-            let c = case(seed as u64, m, k, n);
-            let nb = k / QK;
-            let mut xq = vec![BlockQ8_1::default(); m * nb];
-            quantize_q8_1(&c.x, &mut xq);
-            for kernel in kernels() {
-                let mut out = vec![f32::NAN; m * n];
-                matmul_q4_1_with(kernel, &c.x, &c.w, m, k, n, &mut out);
-                for i in 0..m {
-                    for j in 0..n {
-                        let want = dequantised_dot(
-                            &c.w[j * nb * 20..(j + 1) * nb * 20],
-                            &xq[i * nb..(i + 1) * nb],
-                        );
-                        let got = out[i * n + j] as f64;
-                        let tol = 1e-5 * (1.0 + want.abs()) + 2e-5 * nb as f64;
-                        assert!(
-                            (got - want).abs() <= tol,
-                            "{kernel:?} ({m},{k},{n}) [{i},{j}]: {got} vs {want}"
-                        );
+    fn matches_exact_q8_1_reference_for_every_kernel_and_format() {
+        for ty in QuantType::ALL {
+            for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
+                let c = case(seed as u64, ty, m, k, n);
+                let nb = k / QK;
+                let rb = ty.row_bytes(k);
+                let mut xq = vec![BlockQ8_1::default(); m * nb];
+                quantize_q8_1(&c.x, &mut xq);
+                for kernel in kernels() {
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul_with(kernel, ty, &c.x, &c.w, m, k, n, &mut out);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want = dequantised_dot(
+                                ty,
+                                &c.w[j * rb..(j + 1) * rb],
+                                &xq[i * nb..(i + 1) * nb],
+                            );
+                            let got = out[i * n + j] as f64;
+                            let tol = 1e-5 * (1.0 + want.abs()) + 2e-5 * nb as f64;
+                            assert!(
+                                (got - want).abs() <= tol,
+                                "{kernel:?} {ty:?} ({m},{k},{n}) [{i},{j}]: {got} vs {want}"
+                            );
+                        }
                     }
                 }
             }
@@ -237,88 +344,109 @@ mod tests {
     /// half a step per activation, so |err| ≤ Σ_blocks d8/2 · Σ|w| (plus float slack).
     #[test]
     fn matches_f32_reference_within_the_q8_1_rounding_bound() {
-        for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
-            let c = case(100 + seed as u64, m, k, n);
-            let mut wf = vec![0.0; n * k];
-            dequantize_q4_1(&c.w, &mut wf);
+        for ty in QuantType::ALL {
+            for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
+                let c = case(100 + seed as u64, ty, m, k, n);
+                let mut wf = vec![0.0; n * k];
+                ty.dequantize(&c.w, &mut wf);
+                let mut out = vec![0.0; m * n];
+                matmul(ty, &c.x, &c.w, m, k, n, &mut out);
+                for i in 0..m {
+                    for j in 0..n {
+                        let (xr, wr) = (&c.x[i * k..(i + 1) * k], &wf[j * k..(j + 1) * k]);
+                        let want: f64 =
+                            xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let bound: f64 = xr
+                            .chunks(QK)
+                            .zip(wr.chunks(QK))
+                            .map(|(xb, wb)| {
+                                let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                                let d8 = amax as f64 / 127.0;
+                                d8 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>()
+                            })
+                            .sum();
+                        let got = out[i * n + j] as f64;
+                        assert!(
+                            (got - want).abs() <= bound * 1.01 + 1e-4,
+                            "{ty:?} ({m},{k},{n}) [{i},{j}]: {got} vs {want}, bound {bound}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// candle's `k_quants::matmul` on the same bytes. Candle stores Q8 scales as f16, so the
+    /// two differ by f16 rounding on top of the Q8_1 bound. Candle's Q4 dots need an even
+    /// number of blocks, so only k multiple of 64 is compared.
+    #[test]
+    fn agrees_with_candle() {
+        use candle_core::quantized::k_quants::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
+        fn theirs<T: GgmlType>(m: usize, k: usize, n: usize, x: &[f32], w: &[u8]) -> Vec<f32> {
+            assert_eq!(std::mem::size_of::<T>() * (n * k / QK), w.len());
+            let mut blocks = vec![T::zeros(); n * k / QK];
+            // SAFETY: candle's blocks are #[repr(C)] structs of f16/u8/i8 in the ggml layout
+            // (sizes asserted above); any bit pattern is a valid f16 / u8 / i8.
+            unsafe {
+                std::ptr::copy_nonoverlapping(w.as_ptr(), blocks.as_mut_ptr() as *mut u8, w.len());
+            }
             let mut out = vec![0.0; m * n];
-            matmul_q4_1(&c.x, &c.w, m, k, n, &mut out);
-            for i in 0..m {
-                for j in 0..n {
-                    let (xr, wr) = (&c.x[i * k..(i + 1) * k], &wf[j * k..(j + 1) * k]);
-                    let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let bound: f64 = xr
-                        .chunks(QK)
-                        .zip(wr.chunks(QK))
-                        .map(|(xb, wb)| {
-                            let d8 = xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) as f64 / 127.0;
-                            d8 / 2.0 * wb.iter().map(|v| v.abs() as f64).sum::<f64>()
-                        })
-                        .sum();
-                    let got = out[i * n + j] as f64;
+            k_quants::matmul((m, k, n), x, &blocks, &mut out).unwrap();
+            out
+        }
+        let even = shapes()
+            .into_iter()
+            .filter(|s| s.1 % 64 == 0)
+            .collect::<Vec<_>>();
+        assert!(even.len() >= 5);
+        for ty in QuantType::ALL {
+            for (seed, &(m, k, n)) in even.iter().enumerate() {
+                let c = case(200 + seed as u64, ty, m, k, n);
+                let cand = match ty {
+                    QuantType::Q4_0 => theirs::<BlockQ4_0>(m, k, n, &c.x, &c.w),
+                    QuantType::Q4_1 => theirs::<BlockQ4_1>(m, k, n, &c.x, &c.w),
+                    QuantType::Q8_0 => theirs::<BlockQ8_0>(m, k, n, &c.x, &c.w),
+                };
+                let mut ours = vec![0.0; m * n];
+                matmul(ty, &c.x, &c.w, m, k, n, &mut ours);
+                let scale = ours.iter().chain(&cand).fold(1.0f32, |a, v| a.max(v.abs()));
+                for (idx, (a, b)) in ours.iter().zip(&cand).enumerate() {
                     assert!(
-                        (got - want).abs() <= bound * 1.01 + 1e-4,
-                        "({m},{k},{n}) [{i},{j}]: {got} vs {want}, bound {bound}"
+                        (a - b).abs() <= 2e-3 * scale,
+                        "{ty:?} ({m},{k},{n}) [{idx}]: ours {a}, candle {b}"
                     );
                 }
             }
         }
     }
 
-    /// candle's `k_quants::matmul::<BlockQ4_1>` on the same bytes. Candle stores Q8_1 scales as
-    /// f16, so the two differ by f16 rounding on top of the Q8_1 bound. Candle's Q4_1 dot
-    /// needs an even number of blocks, so only k multiple of 64 is compared.
     #[test]
-    fn agrees_with_candle() {
-        use candle_core::quantized::k_quants::{self, BlockQ4_1, GgmlType};
-        assert_eq!(std::mem::size_of::<BlockQ4_1>(), 20);
-        let even = shapes()
-            .into_iter()
-            .filter(|s| s.1 % 64 == 0)
-            .collect::<Vec<_>>();
-        assert!(even.len() >= 5);
-        for (seed, (m, k, n)) in even.into_iter().enumerate() {
-            let c = case(200 + seed as u64, m, k, n);
-            let mut blocks = vec![BlockQ4_1::zeros(); n * k / QK];
-            // SAFETY: BlockQ4_1 is #[repr(C)] {f16 d, f16 m, [u8; 16]} (20 bytes, asserted above),
-            // the ggml layout of the bytes; any bit pattern is a valid f16 / u8.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    c.w.as_ptr(),
-                    blocks.as_mut_ptr() as *mut u8,
-                    c.w.len(),
-                );
-            }
-            let mut theirs = vec![0.0; m * n];
-            k_quants::matmul((m, k, n), &c.x, &blocks, &mut theirs).unwrap();
-            let mut ours = vec![0.0; m * n];
-            matmul_q4_1(&c.x, &c.w, m, k, n, &mut ours);
-            let scale = ours
-                .iter()
-                .chain(&theirs)
-                .fold(1.0f32, |a, v| a.max(v.abs()));
-            for (idx, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-                assert!(
-                    (a - b).abs() <= 2e-3 * scale,
-                    "({m},{k},{n}) [{idx}]: ours {a}, candle {b}"
-                );
-            }
+    fn shared_activations_give_the_same_result() {
+        let c = case(300, QuantType::Q4_1, 12, 64, 20);
+        let xq = QuantizedActivations::new(&c.x, 12, 64);
+        assert_eq!((xq.rows(), xq.cols()), (12, 64));
+        for kernel in kernels() {
+            let mut a = vec![0.0; 12 * 20];
+            let mut b = vec![0.0; 12 * 20];
+            matmul_quantized(kernel, QuantType::Q4_1, &xq, &c.w, 20, &mut a);
+            matmul_with(kernel, QuantType::Q4_1, &c.x, &c.w, 12, 64, 20, &mut b);
+            assert_eq!(a, b, "{kernel:?}");
         }
     }
 
     #[test]
     fn zero_sizes_are_fine() {
         let mut out = vec![];
-        matmul_q4_1(&[], &[], 0, 64, 0, &mut out);
+        matmul(QuantType::Q4_1, &[], &[], 0, 64, 0, &mut out);
         let mut out = vec![1.0; 2];
-        matmul_q4_1(&[], &[], 2, 0, 1, &mut out);
+        matmul(QuantType::Q8_0, &[], &[], 2, 0, 1, &mut out);
         assert_eq!(out, vec![0.0; 2]);
     }
 
     #[test]
-    #[should_panic(expected = "not n rows")]
+    #[should_panic(expected = "not 2 rows")]
     fn rejects_short_weights() {
         let mut out = vec![0.0; 2];
-        matmul_q4_1(&[0.0; 32], &[0u8; 20], 1, 32, 2, &mut out);
+        matmul(QuantType::Q4_1, &[0.0; 32], &[0u8; 20], 1, 32, 2, &mut out);
     }
 }

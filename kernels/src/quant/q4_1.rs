@@ -12,18 +12,6 @@ pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// Bytes of a row of `k` Q4_1 weights.
-///
-/// # Panics
-/// If `k` is not a multiple of [`QK`].
-pub fn q4_1_row_bytes(k: usize) -> usize {
-    assert!(
-        k.is_multiple_of(QK),
-        "Q4_1 rows hold whole blocks of {QK} values, not {k}"
-    );
-    k / QK * Q4_1_BLOCK_BYTES
-}
-
 /// Dequantises Q4_1 blocks `w` into `out` (32 values per block), as ggml's
 /// `dequantize_row_q4_1`; also serves an embedding lookup of a Q4_1 token table.
 ///
@@ -69,17 +57,5 @@ mod tests {
             assert_eq!(out[j], j as f32 * 0.5 - 1.0);
             assert_eq!(out[j + 16], (15 - j) as f32 * 0.5 - 1.0);
         }
-    }
-
-    #[test]
-    fn row_bytes_counts_blocks() {
-        assert_eq!(q4_1_row_bytes(576), 18 * 20);
-        assert_eq!(q4_1_row_bytes(0), 0);
-    }
-
-    #[test]
-    #[should_panic(expected = "whole blocks")]
-    fn rejects_partial_rows() {
-        q4_1_row_bytes(33);
     }
 }

@@ -277,6 +277,23 @@ impl Broker for MemoryBroker {
         Ok(out)
     }
 
+    async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>> {
+        let now = self.now();
+        let mut st = self.lock();
+        Ok(jobs
+            .iter()
+            .map(|job| {
+                let Some(id) = StreamId::parse(&job.entry_id) else {
+                    return false;
+                };
+                let key = (job.job.model.clone(), job.job.resume.is_some());
+                st.jobs
+                    .get_mut(&key)
+                    .is_some_and(|s| s.touch(id, &job.consumer, now))
+            })
+            .collect())
+    }
+
     async fn ack(&self, job: &ClaimedJob) -> Result<()> {
         let now = self.now();
         {
@@ -427,6 +444,12 @@ impl Broker for MemoryBroker {
     async fn is_cancelled(&self, id: Uuid) -> Result<bool> {
         let now = self.now();
         Ok(self.lock().cancelled(id, now))
+    }
+
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>> {
+        let now = self.now();
+        let st = self.lock();
+        Ok(ids.iter().map(|id| st.cancelled(*id, now)).collect())
     }
 
     async fn publish_usage(&self, event: &UsageEvent) -> Result<EntryId> {

@@ -140,6 +140,18 @@ impl<T: Clone> GroupStream<T> {
         out
     }
 
+    /// Restarts the idle time of `id` if it is pending for `consumer` (`XCLAIM ... JUSTID` by
+    /// its holder); whether it was.
+    pub fn touch(&mut self, id: StreamId, consumer: &str, now_ms: u64) -> bool {
+        match self.pending.get_mut(&id) {
+            Some(p) if p.consumer == consumer && self.entries.contains_key(&id) => {
+                p.delivered_ms = now_ms;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The pending record of `id`.
     pub fn pending(&self, id: StreamId) -> Option<&Pending> {
         self.pending.get(&id)
@@ -234,6 +246,18 @@ mod tests {
         assert_eq!(s.pending(a).map(|p| p.consumer.as_str()), Some("live"));
         // Just delivered again: not idle.
         assert!(s.auto_claim("other", 50, 10, 160).is_empty());
+    }
+
+    #[test]
+    fn touch_restarts_idle_time_for_the_holder_only() {
+        let mut s = GroupStream::default();
+        let a = s.add(1, 'a');
+        s.read_new("w", 1, 100);
+        assert!(!s.touch(a, "other", 140));
+        assert!(s.touch(a, "w", 140));
+        assert!(s.auto_claim("live", 50, 10, 180).is_empty());
+        assert_eq!(s.auto_claim("live", 50, 10, 190), vec![(a, 'a', 2)]);
+        assert!(!s.touch(a, "w", 200));
     }
 
     #[test]

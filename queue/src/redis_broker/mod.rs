@@ -361,6 +361,43 @@ impl Broker for RedisBroker {
         Ok(got)
     }
 
+    async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>> {
+        let mut out = vec![false; jobs.len()];
+        // One script call per (stream, consumer): fresh and resumed jobs live apart.
+        let mut groups: Vec<(String, &str, Vec<usize>)> = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            let key = self
+                .keys
+                .job_stream(&job.job.model, job.job.resume.is_some());
+            match groups
+                .iter_mut()
+                .find(|g| g.0 == key && g.1 == job.consumer)
+            {
+                Some(g) => g.2.push(i),
+                None => groups.push((key, job.consumer.as_str(), vec![i])),
+            }
+        }
+        for (key, consumer, idx) in groups {
+            let mut c = self.conn.clone();
+            let mut inv = self.scripts.keep_alive.key(&key);
+            inv.arg(consumer);
+            for &i in &idx {
+                inv.arg(&jobs[i].entry_id);
+            }
+            let alive: Vec<i64> = inv.invoke_async(&mut c).await?;
+            if alive.len() != idx.len() {
+                return Err(QueueError::Malformed {
+                    what: "keep-alive reply",
+                    detail: format!("{} answers for {} entries", alive.len(), idx.len()),
+                });
+            }
+            for (i, a) in idx.into_iter().zip(alive) {
+                out[i] = a == 1;
+            }
+        }
+        Ok(out)
+    }
+
     async fn ack(&self, job: &ClaimedJob) -> Result<()> {
         let mut c = self.conn.clone();
         let n: i64 = self
@@ -532,6 +569,18 @@ impl Broker for RedisBroker {
         let mut cmd = redis::cmd("EXISTS");
         cmd.arg(self.keys.cancel(id));
         Ok(self.query::<i64>(&cmd).await? == 1)
+    }
+
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = redis::cmd("MGET");
+        for id in ids {
+            cmd.arg(self.keys.cancel(*id));
+        }
+        let flags: Vec<Option<String>> = self.query(&cmd).await?;
+        Ok(flags.into_iter().map(|f| f.is_some()).collect())
     }
 
     async fn publish_usage(&self, event: &UsageEvent) -> Result<EntryId> {

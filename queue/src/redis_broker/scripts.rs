@@ -65,6 +65,24 @@ redis.call('XDEL', KEYS[1], ARGV[1])
 return id
 "#;
 
+/// Keep-alive. KEYS: a jobs stream. ARGV: consumer, entry, entry, ...
+/// Returns one 1/0 per entry: 1 when it was pending for the consumer (its idle time now
+/// restarts; `JUSTID` leaves the delivery count alone), 0 when someone else holds it or it
+/// is gone.
+const KEEP_ALIVE: &str = r#"
+local out = {}
+for i = 2, #ARGV do
+  local p = redis.pcall('XPENDING', KEYS[1], 'workers', ARGV[i], ARGV[i], 1)
+  if type(p) == 'table' and not p.err and #p > 0 and p[1][2] == ARGV[1] then
+    redis.call('XCLAIM', KEYS[1], 'workers', ARGV[1], 0, ARGV[i], 'JUSTID')
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"#;
+
 /// Append a response event. KEYS: resp. ARGV: seq, terminal (0/1), event JSON, ttl_ms.
 /// Entry ids are `0-<seq>`. Returns `{0, seq}` on success, `{1, last}` when seq is not
 /// last + 1, `{2, last}` when the stream already ended.
@@ -120,6 +138,7 @@ pub(crate) struct Scripts {
     pub withdraw: Script,
     pub ack: Script,
     pub requeue: Script,
+    pub keep_alive: Script,
     pub append: Script,
     pub depth: Script,
 }
@@ -131,6 +150,7 @@ impl Scripts {
             withdraw: Script::new(WITHDRAW),
             ack: Script::new(&format!("{OWNED}{ACK}")),
             requeue: Script::new(&format!("{OWNED}{REQUEUE}")),
+            keep_alive: Script::new(KEEP_ALIVE),
             append: Script::new(APPEND),
             depth: Script::new(DEPTH),
         }

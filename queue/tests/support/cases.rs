@@ -719,3 +719,71 @@ pub async fn resumed_jobs_go_first(h: &dyn Harness) {
     b.ack(&last[0]).await.unwrap();
     assert_eq!(b.depth(&m).await.unwrap(), Default::default());
 }
+
+/// A holder's keep-alive restarts its jobs' idle time, so a long generation is not taken
+/// over; it is no new delivery. Once an entry is taken over (or gone), keep-alive says
+/// the old holder lost it. Fresh and resumed jobs are answered in one call, in order.
+pub async fn keep_alive_prevents_takeover(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let jobs: Vec<Job> = (0..3).map(|_| job(h, &m)).collect();
+    enqueue_all(&*b, &jobs).await;
+    let first = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    b.requeue(&first, Resume::default()).await.unwrap();
+    // One resumed and two fresh jobs, all held by w1.
+    let held = b.claim(&m, "w1", 3, NO_WAIT).await.unwrap();
+    assert_eq!(held.len(), 3);
+    assert!(held[0].job.resume.is_some());
+    assert_eq!(b.keep_alive(&[]).await.unwrap(), Vec::<bool>::new());
+    for _ in 0..2 {
+        h.advance(CLAIM_TIMEOUT * 2 / 3).await;
+        assert_eq!(b.keep_alive(&held).await.unwrap(), vec![true; 3]);
+    }
+    // Longer than the claim timeout since the claim, but not since the last keep-alive.
+    assert!(b
+        .take_over(&m, "w2", CLAIM_TIMEOUT, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // Only the holder can keep an entry alive.
+    let mut impostor = held[1].clone();
+    impostor.consumer = "w2".into();
+    assert_eq!(b.keep_alive(&[impostor]).await.unwrap(), vec![false]);
+    // w1 stops renewing job 1: it is taken over, as a second delivery.
+    h.advance(CLAIM_TIMEOUT * 2 / 3).await;
+    assert_eq!(
+        b.keep_alive(&[held[0].clone(), held[2].clone()])
+            .await
+            .unwrap(),
+        vec![true, true]
+    );
+    h.advance(CLAIM_TIMEOUT * 2 / 3).await;
+    let taken = b.take_over(&m, "w2", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!((taken[0].job.id, taken[0].attempt), (held[1].job.id, 2));
+    assert_eq!(b.keep_alive(&held).await.unwrap(), vec![true, false, true]);
+    b.ack(&held[0]).await.unwrap();
+    assert_eq!(b.keep_alive(&held).await.unwrap(), vec![false, false, true]);
+    for c in [&held[2], &taken[0]] {
+        b.ack(c).await.unwrap();
+    }
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
+}
+
+/// Cancel flags of many requests come back in one call, in order.
+pub async fn cancel_flags_in_one_call(h: &dyn Harness) {
+    let b = h.broker();
+    let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
+    assert_eq!(b.cancelled(&[]).await.unwrap(), Vec::<bool>::new());
+    assert_eq!(b.cancelled(&ids).await.unwrap(), vec![false; 4]);
+    b.cancel(ids[1]).await.unwrap();
+    b.cancel(ids[3]).await.unwrap();
+    assert_eq!(
+        b.cancelled(&ids).await.unwrap(),
+        vec![false, true, false, true]
+    );
+    assert_eq!(
+        b.cancelled(&[ids[3], ids[0]]).await.unwrap(),
+        vec![true, false]
+    );
+}

@@ -1,4 +1,4 @@
-use crate::model::ModelConfig;
+use crate::model::{KvDtype, ModelConfig};
 
 /// Engine settings (the `--kv-cache-memory`, `--max-num-seqs`, ... flags).
 #[derive(Debug, Clone)]
@@ -14,6 +14,9 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Kernel threads (`None`: one per core).
     pub threads: Option<usize>,
+    /// Element type of the KV cache (`--kv-cache-dtype`): f16 holds 2× and int8 3.8× the
+    /// tokens of f32 in the same `kv_cache_memory`.
+    pub kv_cache_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -25,17 +28,23 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             enable_prefix_caching: true,
             threads: None,
+            kv_cache_dtype: KvDtype::F32,
         }
     }
 }
 
 impl EngineConfig {
+    /// Bytes of K and V one token takes for this model in the configured KV dtype.
+    pub fn kv_bytes_per_token(&self, model: &ModelConfig) -> usize {
+        model.kv_bytes_per_token(self.kv_cache_dtype)
+    }
+
     /// Blocks that fit in `kv_cache_memory` for this model.
     pub fn num_blocks(&self, model: &ModelConfig) -> usize {
         crate::model::KvStorage::blocks_for_memory(
             self.kv_cache_memory,
             self.block_size,
-            model.kv_bytes_per_token(),
+            self.kv_bytes_per_token(model),
         )
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 use tidal_tokenizer::Tokenizer;
 
 use super::metrics::EngineMetrics;
-use super::request::{FinishReason, GenerationEvent};
+use super::request::FinishReason;
 use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq, KvStorage, Model};
@@ -38,6 +38,10 @@ impl EngineCore {
             num_blocks,
             enable_prefix_caching: config.enable_prefix_caching,
         });
+        // Callers (the queue worker's admission) read the stats before the first step.
+        if let Ok(mut shared) = shared_stats.lock() {
+            *shared = scheduler.stats();
+        }
         Self {
             model,
             kv,
@@ -78,21 +82,31 @@ impl EngineCore {
         match command {
             Command::Submit {
                 id,
-                request,
+                mut request,
                 events,
             } => {
-                let prompt_len = request.prompt.len();
+                let resume = request.resume.take();
+                let mut state = SeqState::new(request, events);
+                if let Some(from) = resume {
+                    let context_length = self.model.config().context_length;
+                    if let Some(reason) = state.resume(&from, &self.tokenizer, context_length) {
+                        // The earlier run had finished all but its `Done`.
+                        state.complete(reason);
+                        return;
+                    }
+                }
+                // A resumed sequence prefills its delivered tokens after the prompt.
+                let tokens = state.scheduled_tokens();
+                let prefill = tokens.len();
                 if let Err(e) = self
                     .scheduler
-                    .add(id, request.prompt.clone(), request.max_tokens)
+                    .add(id, tokens, state.remaining_tokens())
                 {
-                    let _ = events.send(GenerationEvent::Error {
-                        message: e.to_string(),
-                    });
+                    state.fail(e.to_string());
                     return;
                 }
-                self.metrics.prompt_tokens(prompt_len);
-                self.seqs.insert(id, SeqState::new(request, events));
+                self.metrics.prompt_tokens(prefill);
+                self.seqs.insert(id, state);
             }
         }
     }

@@ -10,7 +10,9 @@ mod request;
 mod sequence;
 
 pub use config::EngineConfig;
-pub use request::{FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage};
+pub use request::{
+    FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
+};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -68,14 +70,14 @@ impl Engine {
                 "--kv-cache-memory {} bytes holds no block of {} tokens ({} bytes per token)",
                 config.kv_cache_memory,
                 config.block_size,
-                model_config.kv_bytes_per_token()
+                config.kv_bytes_per_token(&model_config)
             )));
         }
         let kv = KvStorage::new(
-            model_config.num_layers,
+            &model_config,
+            config.kv_cache_dtype,
             num_blocks,
             config.block_size,
-            model_config.kv_width(),
         );
         tracing::info!(
             blocks = num_blocks,
@@ -117,11 +119,27 @@ impl Engine {
     }
 
     /// Queues a request; its events arrive on the returned receiver. Dropping the receiver
-    /// cancels the request and frees its KV blocks at the next step.
+    /// cancels the request and frees its KV blocks at the next step. A request with
+    /// `resume` continues an earlier run (see [`ResumeFrom`]).
     pub fn submit(
         &self,
         request: GenerationRequest,
     ) -> Result<UnboundedReceiver<GenerationEvent>, EngineError> {
+        if let Some(resume) = &request.resume {
+            if resume.token_ids.len() > request.max_tokens {
+                return Err(EngineError::Invalid(format!(
+                    "resumed from {} tokens, more than max_tokens {}",
+                    resume.token_ids.len(),
+                    request.max_tokens
+                )));
+            }
+            let vocab = self.model_config.vocab_size;
+            if let Some(bad) = resume.token_ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(EngineError::Invalid(format!(
+                    "resumed token id {bad} is outside the vocabulary (size {vocab})"
+                )));
+            }
+        }
         let needed = request.prompt.len() + request.max_tokens;
         if needed > self.capacity_tokens {
             return Err(EngineError::TooLong {
@@ -166,3 +184,6 @@ impl Engine {
         &self.config
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,3 +1,5 @@
+//! What callers hand the engine and what they get back.
+
 use crate::sampling::SamplingParams;
 
 /// What the engine is asked to generate: already tokenised and validated.
@@ -14,6 +16,27 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep going past end-of-generation tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Continue a generation another worker started (preemption-safe generation): its
+    /// delivered tokens are prefilled after the prompt and count as generated tokens.
+    pub resume: Option<ResumeFrom>,
+}
+
+/// What an earlier run of the same request already delivered to the client.
+///
+/// The engine re-prefills `prompt + token_ids`, counts `token_ids` towards `max_tokens`,
+/// penalties, stop tokens and the context limit as if it had generated them, and replays
+/// them through its detokeniser and stop-string matcher. The first event it sends then
+/// continues the text exactly after the `text_len` bytes already delivered: text held back
+/// by the earlier run (an incomplete UTF-8 character, a possible stop-string start) comes
+/// out once, nothing is repeated. With greedy sampling the result is token for token the
+/// uninterrupted run. (A seeded random sampler restarts its RNG, so a resumed sampled
+/// generation is a valid continuation but not the one the uninterrupted run would draw.)
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeFrom {
+    /// Completion token ids already delivered, in order.
+    pub token_ids: Vec<u32>,
+    /// Bytes of completion text already delivered.
+    pub text_len: usize,
 }
 
 /// Why a sequence ended, in OpenAI's vocabulary.
@@ -41,6 +64,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     /// Prompt tokens whose KV came from the prefix cache.
     pub cached_tokens: usize,
+    /// Tokens generated over the whole request: a resumed request counts the tokens it was
+    /// resumed from too (the end-of-generation token that stopped it is counted, not shown).
     pub completion_tokens: usize,
 }
 
@@ -56,7 +81,8 @@ pub struct TokenLogprob {
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerationEvent {
     /// Newly generated tokens and the text they complete (may be empty while a multi-byte
-    /// character or a possible stop string is held back).
+    /// character or a possible stop string is held back). A resumed request's deltas hold
+    /// only what follows the resume point.
     Delta {
         text: String,
         token_ids: Vec<u32>,

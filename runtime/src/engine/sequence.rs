@@ -1,9 +1,14 @@
+//! Per-request state on the engine thread: sampling inputs, incremental detokenisation,
+//! stop handling, and the replay that lets a request resume where another worker stopped.
+
 use std::time::{Duration, Instant};
 
 use tidal_tokenizer::{StopMatcher, StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::request::{FinishReason, GenerationEvent, GenerationRequest, TokenLogprob, Usage};
+use super::request::{
+    FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
+};
 use crate::sampling::Sampler;
 
 /// What a new token did to its sequence.
@@ -30,6 +35,59 @@ pub(crate) struct SeqState {
     pending_ids: Vec<u32>,
     pending_logprobs: Vec<TokenLogprob>,
     last_logprob: Option<TokenLogprob>,
+    /// Bytes of upcoming text the client already has (see [`TextSplice`]).
+    splice: TextSplice,
+}
+
+/// Reconciles replayed text with what an earlier run delivered. Replaying the delivered
+/// tokens normally reproduces exactly the delivered text (deltas end where the stream
+/// decoder and stop matcher released text). Should the two differ, the difference is
+/// corrected on the next emitted text: bytes the client already has are skipped, replayed
+/// bytes it never got are sent first.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct TextSplice {
+    skip: usize,
+    carry: String,
+}
+
+impl TextSplice {
+    /// The splice for `replayed` text when the client already has `delivered` bytes.
+    fn new(replayed: &str, delivered: usize) -> Self {
+        if delivered >= replayed.len() {
+            return Self {
+                skip: delivered - replayed.len(),
+                carry: String::new(),
+            };
+        }
+        let mut from = delivered;
+        while !replayed.is_char_boundary(from) {
+            from += 1;
+        }
+        Self {
+            skip: 0,
+            carry: replayed[from..].to_owned(),
+        }
+    }
+
+    /// The part of `text` (which follows the replayed text) the client must see next.
+    fn apply(&mut self, text: String) -> String {
+        let mut text = if self.carry.is_empty() {
+            text
+        } else {
+            let mut t = std::mem::take(&mut self.carry);
+            t.push_str(&text);
+            t
+        };
+        if self.skip > 0 {
+            let mut n = self.skip.min(text.len());
+            while !text.is_char_boundary(n) {
+                n += 1;
+            }
+            self.skip -= n.min(self.skip);
+            text.drain(..n);
+        }
+        text
+    }
 }
 
 impl SeqState {
@@ -51,7 +109,59 @@ impl SeqState {
             pending_ids: Vec::new(),
             pending_logprobs: Vec::new(),
             last_logprob: None,
+            splice: TextSplice::default(),
         }
+    }
+
+    /// Replays the tokens an earlier run delivered, as if this sequence had generated them
+    /// (same stop and length rules, same detokeniser and stop-matcher state), and lines the
+    /// upcoming text up with the `text_len` bytes already delivered. Returns why the
+    /// sequence is already finished, if it is (the earlier run stopped right before sending
+    /// `Done`); it must then be completed without being scheduled.
+    pub fn resume(
+        &mut self,
+        from: &ResumeFrom,
+        tokenizer: &Tokenizer,
+        context_length: usize,
+    ) -> Option<FinishReason> {
+        let mut replayed = String::new();
+        let mut finished = None;
+        for &token in &from.token_ids {
+            self.generated.push(token);
+            let is_eog = !self.ignore_eos && tokenizer.is_eog(token);
+            if is_eog || self.stop_token_ids.contains(&token) {
+                finished = Some(FinishReason::Stop);
+                break;
+            }
+            let piece = self.decoder.push(tokenizer, token);
+            let out = self.stop.push(&piece);
+            replayed.push_str(&out.text);
+            if out.stopped {
+                finished = Some(FinishReason::Stop);
+                break;
+            }
+            if self.generated.len() >= self.max_tokens
+                || self.prompt.len() + self.generated.len() >= context_length
+            {
+                finished = Some(FinishReason::Length);
+                break;
+            }
+        }
+        self.splice = TextSplice::new(&replayed, from.text_len);
+        finished
+    }
+
+    /// What the scheduler must compute before sampling: the prompt, then every token
+    /// generated so far (the resumed ones).
+    pub fn scheduled_tokens(&self) -> Vec<u32> {
+        let mut tokens = self.prompt.clone();
+        tokens.extend_from_slice(&self.generated);
+        tokens
+    }
+
+    /// Tokens still to generate.
+    pub fn remaining_tokens(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated.len())
     }
 
     /// The client dropped its receiver.
@@ -124,6 +234,7 @@ impl SeqState {
     }
 
     fn emit(&mut self, text: String) {
+        let text = self.splice.apply(text);
         let _ = self.events.send(GenerationEvent::Delta {
             text,
             token_ids: std::mem::take(&mut self.pending_ids),
@@ -133,22 +244,30 @@ impl SeqState {
 
     /// Flushes held-back text and sends `Done`.
     pub fn complete(mut self, reason: FinishReason) {
+        let mut text = String::new();
         if reason == FinishReason::Length {
             let rest = self.decoder.finish();
             let out = self.stop.push(&rest);
-            let mut text = out.text;
+            text = out.text;
             if !out.stopped {
                 text.push_str(&self.stop.finish());
             }
-            if !text.is_empty() || !self.pending_ids.is_empty() {
-                self.emit(text);
-            }
-        } else if !self.pending_ids.is_empty() {
-            self.emit(String::new());
         }
+        let text = self.splice.apply(text);
+        if !text.is_empty() || !self.pending_ids.is_empty() {
+            // Already spliced: send as is.
+            let _ = self.events.send(GenerationEvent::Delta {
+                text,
+                token_ids: std::mem::take(&mut self.pending_ids),
+                logprobs: std::mem::take(&mut self.pending_logprobs),
+            });
+        }
+        // The scheduler's "prompt" of a resumed sequence includes the resumed tokens; only
+        // the real prompt's cache hits are the request's.
+        let cached = self.cached_tokens.unwrap_or(0).min(self.prompt.len());
         let usage = Usage {
             prompt_tokens: self.prompt.len(),
-            cached_tokens: self.cached_tokens.unwrap_or(0),
+            cached_tokens: cached,
             completion_tokens: self.generated.len(),
         };
         let _ = self.events.send(GenerationEvent::Done {
@@ -160,5 +279,36 @@ impl SeqState {
     /// Ends the request with an error event.
     pub fn fail(self, message: String) {
         let _ = self.events.send(GenerationEvent::Error { message });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TextSplice;
+
+    #[test]
+    fn splice_is_a_no_op_when_replay_matches_delivery() {
+        let mut s = TextSplice::new("héllo", "héllo".len());
+        assert_eq!(s, TextSplice::default());
+        assert_eq!(s.apply("!".into()), "!");
+    }
+
+    #[test]
+    fn splice_sends_replayed_text_the_client_lacks_first() {
+        let mut s = TextSplice::new("abcdé", 3);
+        assert_eq!(s.apply("f".into()), "déf");
+        assert_eq!(s.apply("g".into()), "g");
+        // A delivery that ends inside a character resumes at the next whole one.
+        let mut s = TextSplice::new("aé", 2);
+        assert_eq!(s.apply("x".into()), "x");
+    }
+
+    #[test]
+    fn splice_skips_text_the_client_already_has() {
+        // E.g. an earlier run flushed its held-back tail, then died before `Done`.
+        let mut s = TextSplice::new("ab", 5);
+        assert_eq!(s.apply("c".into()), "");
+        assert_eq!(s.apply("déf".into()), "f");
+        assert_eq!(s.apply("g".into()), "g");
     }
 }

@@ -1,4 +1,5 @@
 use candle_core::quantized::gguf_file::Value;
+use tidal_kernels::KvDtype;
 
 use super::error::ModelError;
 use super::file::ModelFile;
@@ -160,9 +161,10 @@ impl ModelConfig {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Bytes of f32 K and V that one token occupies across all layers.
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_width() * std::mem::size_of::<f32>()
+    /// Bytes of K and V that one token occupies across all layers in a KV cache of `dtype`
+    /// (int8 scales included).
+    pub fn kv_bytes_per_token(&self, dtype: KvDtype) -> usize {
+        dtype.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim)
     }
 }
 

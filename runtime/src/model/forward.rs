@@ -6,7 +6,7 @@ use super::config::{Architecture, ModelConfig, RopeScaling};
 use super::error::ModelError;
 use super::file::ModelFile;
 use super::kv_storage::KvStorage;
-use super::weight::QuantizeTo;
+use super::weight::{Activations, QuantizeTo};
 use super::weights::{LayerWeights, ModelWeights};
 
 /// One sequence's share of a forward batch.
@@ -93,6 +93,15 @@ impl Model {
         if n == 0 {
             return Ok(Vec::new());
         }
+        if kv.num_layers() != c.num_layers || kv.kv_width() != c.kv_width() {
+            return Err(ModelError::Kernel(format!(
+                "KV storage of {} layers × {} values does not fit a model of {} layers × {}",
+                kv.num_layers(),
+                kv.kv_width(),
+                c.num_layers,
+                c.kv_width()
+            )));
+        }
         let bs = kv.block_size();
         let mut positions = Vec::with_capacity(n);
         let mut slots = Vec::with_capacity(n);
@@ -107,6 +116,12 @@ impl Model {
                         seq.block_table.len()
                     ))
                 })? as usize;
+                if block >= kv.num_blocks() {
+                    return Err(ModelError::Kernel(format!(
+                        "block {block} is outside the KV storage of {} blocks",
+                        kv.num_blocks()
+                    )));
+                }
                 positions.push(pos);
                 slots.push(block * bs + pos % bs);
             }
@@ -136,16 +151,14 @@ impl Model {
 
         let mut buffers = LayerBuffers::new(c, n);
         for (index, layer) in self.weights.layers.iter().enumerate() {
-            let (k_cache, v_cache) = kv.layer_mut(index);
             self.layer(
                 layer,
                 &mut x,
                 &positions,
                 &slots,
                 &attn_seqs,
-                bs,
-                k_cache,
-                v_cache,
+                kv,
+                index,
                 &mut buffers,
             )?;
         }
@@ -171,7 +184,9 @@ impl Model {
             &mut normed,
         );
         let mut logits = vec![0f32; r * c.vocab_size];
-        self.weights.lm_head().matmul(&normed, r, &mut logits)?;
+        self.weights
+            .lm_head()
+            .matmul(&Activations::new(&normed, r), &mut logits)?;
         Ok(logits)
     }
 
@@ -183,24 +198,34 @@ impl Model {
         positions: &[usize],
         slots: &[usize],
         seqs: &[AttentionSeq<'_>],
-        block_size: usize,
-        k_cache: &mut [f32],
-        v_cache: &mut [f32],
+        kv: &mut KvStorage,
+        index: usize,
         b: &mut LayerBuffers,
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = positions.len();
         rms_norm(x, &w.attn_norm, c.rms_norm_eps, &mut b.normed);
-        w.wq.matmul(&b.normed, n, &mut b.q)?;
-        w.wk.matmul(&b.normed, n, &mut b.k)?;
-        w.wv.matmul(&b.normed, n, &mut b.v)?;
+        let normed = Activations::new(&b.normed, n);
+        w.wq.matmul(&normed, &mut b.q)?;
+        w.wk.matmul(&normed, &mut b.k)?;
+        w.wv.matmul(&normed, &mut b.v)?;
         add_bias(&mut b.q, w.bq.as_deref());
         add_bias(&mut b.k, w.bk.as_deref());
         add_bias(&mut b.v, w.bv.as_deref());
         self.rope.apply(&mut b.q, positions, c.num_heads);
         self.rope.apply(&mut b.k, positions, c.num_kv_heads);
-        write_kv(k_cache, v_cache, &b.k, &b.v, slots, c.kv_width());
+        let (k_cache, v_cache) = kv.layer_mut(index);
+        write_kv(
+            k_cache,
+            v_cache,
+            &b.k,
+            &b.v,
+            slots,
+            c.num_kv_heads,
+            c.head_dim,
+        );
         let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (k_cache, v_cache) = kv.layer(index);
         paged_attention(
             &b.q,
             k_cache,
@@ -209,18 +234,19 @@ impl Model {
             c.num_heads,
             c.num_kv_heads,
             c.head_dim,
-            block_size,
+            kv.block_size(),
             scale,
             &mut b.attn,
         );
-        w.wo.matmul(&b.attn, n, &mut b.out)?;
+        w.wo.matmul(&Activations::new(&b.attn, n), &mut b.out)?;
         add_into(x, &b.out);
 
         rms_norm(x, &w.ffn_norm, c.rms_norm_eps, &mut b.normed);
-        w.w_gate.matmul(&b.normed, n, &mut b.gate)?;
-        w.w_up.matmul(&b.normed, n, &mut b.up)?;
+        let normed = Activations::new(&b.normed, n);
+        w.w_gate.matmul(&normed, &mut b.gate)?;
+        w.w_up.matmul(&normed, &mut b.up)?;
         silu_mul(&mut b.gate, &b.up);
-        w.w_down.matmul(&b.gate, n, &mut b.out)?;
+        w.w_down.matmul(&Activations::new(&b.gate, n), &mut b.out)?;
         add_into(x, &b.out);
         Ok(())
     }

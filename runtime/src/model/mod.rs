@@ -19,5 +19,6 @@ pub use error::ModelError;
 pub use file::ModelFile;
 pub use forward::{ForwardBatch, ForwardSeq, Model};
 pub use kv_storage::KvStorage;
+pub use tidal_kernels::KvDtype;
 pub use tiny::{write_tiny_gguf, TinyModelError, TinySpec};
-pub use weight::{QuantizeTo, Weight};
+pub use weight::{Activations, QuantizeTo, Weight};

@@ -1,3 +1,4 @@
+use std::cell::OnceCell;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use candle_core::quantized::k_quants::{
 use candle_core::quantized::GgmlDType;
 use half::{bf16, f16};
 use memmap2::Mmap;
+use tidal_kernels::{DotKernel, QuantType, QuantizedActivations};
 
 use super::error::ModelError;
 use super::file::ModelFile;
@@ -71,6 +73,37 @@ macro_rules! with_block_type {
             _ => $other,
         }
     };
+}
+
+/// The block types our own matmul kernels run (candle's path for the rest).
+fn own_kernel_type(dtype: GgmlDType) -> Option<QuantType> {
+    match dtype {
+        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
+        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
+        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
+        _ => None,
+    }
+}
+
+/// The input of one or more matmuls: `m` rows of f32, quantised to Q8_1 on first use and
+/// then shared (the Q, K and V projections read the same normed rows, as do gate and up).
+pub struct Activations<'a> {
+    x: &'a [f32],
+    m: usize,
+    kernel: DotKernel,
+    quantized: OnceCell<QuantizedActivations>,
+}
+
+impl<'a> Activations<'a> {
+    /// `m` rows of `x`, for matrices whose `cols` is `x.len() / m`.
+    pub fn new(x: &'a [f32], m: usize) -> Self {
+        Self {
+            x,
+            m,
+            kernel: DotKernel::detect(),
+            quantized: OnceCell::new(),
+        }
+    }
 }
 
 /// Target type of `--quantize`: weights re-quantised once at load time.
@@ -231,18 +264,33 @@ impl Weight {
         }
     }
 
-    /// `out[m, rows] = x[m, cols] · selfᵀ`.
-    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) -> Result<(), ModelError> {
-        debug_assert_eq!(x.len(), m * self.cols);
-        debug_assert!(out.len() >= m * self.rows);
-        if self.dtype == GgmlDType::Q4_1 {
-            // candle's Q4_1 dot product is scalar; ours is AVX2 with a portable fallback.
-            tidal_kernels::matmul_q4_1(x, self.bytes(), m, self.cols, self.rows, out);
+    /// `out[m, rows] = x[m, cols] · selfᵀ` with `x` from `a`.
+    ///
+    /// Q4_0, Q4_1 and Q8_0 run on our kernels (AVX2 with a portable fallback), on `a`'s Q8_1
+    /// quantisation, made once however many matrices share the input. Other types go through
+    /// candle's quantised matmul.
+    pub fn matmul(&self, a: &Activations<'_>, out: &mut [f32]) -> Result<(), ModelError> {
+        let m = a.m;
+        if a.x.len() != m * self.cols || out.len() < m * self.rows {
+            return Err(ModelError::Kernel(format!(
+                "{}: matmul of {} inputs × {} rows into {} outputs for a {}×{} matrix",
+                self.name,
+                a.x.len(),
+                m,
+                out.len(),
+                self.rows,
+                self.cols
+            )));
+        }
+        let out = &mut out[..m * self.rows];
+        if let Some(ty) = own_kernel_type(self.dtype) {
+            let xq = a.quantized.get_or_init(|| QuantizedActivations::new(a.x, m, self.cols));
+            tidal_kernels::matmul_quantized(a.kernel, ty, xq, self.bytes(), self.rows, out);
             return Ok(());
         }
         let mkn = (m, self.cols, self.rows);
         with_block_type!(self.dtype, T => {
-            k_quants::matmul::<T>(mkn, x, blocks::<T>(self.bytes()), out)
+            k_quants::matmul::<T>(mkn, a.x, blocks::<T>(self.bytes()), out)
                 .map_err(|e| ModelError::Kernel(format!("{}: {e}", self.name)))
         }, else Err(ModelError::UnsupportedTensorType { name: self.name.clone(), dtype: self.dtype }))
     }

@@ -86,23 +86,17 @@ pub async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
             handle.render(),
         )
             .into_response(),
-        None => HttpError(ApiError {
-            status: 404,
-            message: "metrics are not enabled in this process".into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: None,
-        })
+        None => HttpError(ApiError::not_found(
+            "metrics_disabled",
+            "metrics are not enabled in this process",
+        ))
         .into_response(),
     }
 }
 
 pub async fn not_found(uri: axum::http::Uri) -> HttpError {
-    HttpError(ApiError {
-        status: 404,
-        message: format!("Unknown path {}", uri.path()),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("unknown_url"),
-    })
+    HttpError(ApiError::not_found(
+        "unknown_url",
+        format!("Unknown path {}", uri.path()),
+    ))
 }

@@ -7,7 +7,7 @@
 mod error;
 mod handlers;
 mod logprobs;
-mod prepare;
+pub(crate) mod prepare;
 mod respond;
 
 use std::sync::{Arc, OnceLock};

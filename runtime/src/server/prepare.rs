@@ -148,6 +148,7 @@ fn finish(
             stop: sampling.stop,
             stop_token_ids: sampling.stop_token_ids,
             ignore_eos: sampling.ignore_eos,
+            resume: None,
         },
         shape: ResponseShape {
             stream,

@@ -7,11 +7,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
-use tidal_protocol::chat::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    ChoiceLogprobs,
-};
-use tidal_protocol::completion::{Completion, CompletionChoice, CompletionLogprobs};
+use tidal_protocol::completion::CompletionLogprobs;
+use tidal_protocol::render::{PieceLogprobs, ResponseMeta};
 use tidal_protocol::usage::Usage;
 use tidal_protocol::ApiError;
 use tidal_tokenizer::Tokenizer;
@@ -21,12 +18,7 @@ use super::prepare::ResponseShape;
 use super::{logprobs, HttpError, LoadedModel, ServerState};
 use crate::engine::{FinishReason, GenerationEvent, TokenLogprob, Usage as EngineUsage};
 
-/// Which OpenAI endpoint the response is for.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completion,
-}
+pub use tidal_protocol::render::Endpoint;
 
 fn usage(u: EngineUsage) -> Usage {
     Usage::new(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
@@ -47,15 +39,13 @@ pub async fn respond(
     shape: ResponseShape,
     events: UnboundedReceiver<GenerationEvent>,
 ) -> Result<Response, HttpError> {
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completion => "cmpl",
-    };
     let ctx = Ctx {
-        id: format!("{prefix}-{}", uuid::Uuid::now_v7().simple()),
-        created: now_secs(),
-        model_name: state.model_name.clone(),
-        endpoint,
+        meta: ResponseMeta::new(
+            endpoint,
+            &uuid::Uuid::now_v7().simple().to_string(),
+            now_secs(),
+            state.model_name.clone(),
+        ),
         shape,
         tokenizer: model.engine.tokenizer().clone(),
     };
@@ -68,108 +58,48 @@ pub async fn respond(
     }
 }
 
-/// Log-probabilities gathered so far, in the endpoint's own shape.
-enum Logprobs {
-    Chat(Vec<tidal_protocol::chat::TokenLogprob>),
-    Completion(CompletionLogprobs),
-}
-
 /// What one response (or one streamed chunk) says.
 struct Piece {
     text: String,
-    logprobs: Option<Logprobs>,
+    logprobs: Option<PieceLogprobs>,
     finish: Option<FinishReason>,
     /// Set on the closing chunk of a stream: the role-less, choice-less usage chunk.
     usage_only: Option<Usage>,
 }
 
 struct Ctx {
-    id: String,
-    created: u64,
-    model_name: String,
-    endpoint: Endpoint,
+    meta: ResponseMeta,
     shape: ResponseShape,
     tokenizer: Arc<Tokenizer>,
 }
 
 impl Ctx {
     /// Converts engine log-probabilities; `offset` is the text length before them.
-    fn logprobs(&self, items: &[TokenLogprob], offset: usize) -> Option<Logprobs> {
+    fn logprobs(&self, items: &[TokenLogprob], offset: usize) -> Option<PieceLogprobs> {
         if !self.shape.logprobs {
             return None;
         }
-        Some(match self.endpoint {
-            Endpoint::Chat => Logprobs::Chat(logprobs::chat(&self.tokenizer, items)),
+        Some(match self.meta.endpoint {
+            Endpoint::Chat => PieceLogprobs::Chat(logprobs::chat(&self.tokenizer, items)),
             Endpoint::Completion => {
                 let mut lp = CompletionLogprobs::default();
                 logprobs::completion(&self.tokenizer, items, offset, &mut lp);
-                Logprobs::Completion(lp)
+                PieceLogprobs::Completion(lp)
             }
         })
     }
 
     /// A whole response (`usage` given) or a stream chunk (`usage` none) of this endpoint.
     fn body(&self, piece: Piece, whole: Option<Usage>) -> serde_json::Result<serde_json::Value> {
-        let finish = piece.finish.map(|f| f.as_str().to_string());
-        let (chat_lp, completion_lp) = match piece.logprobs {
-            Some(Logprobs::Chat(c)) => (Some(ChoiceLogprobs { content: c }), None),
-            Some(Logprobs::Completion(c)) => (None, Some(c)),
-            None => (None, None),
-        };
-        match (self.endpoint, whole) {
-            (Endpoint::Chat, Some(u)) => serde_json::to_value(ChatCompletion {
-                id: self.id.clone(),
-                object: "chat.completion".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: vec![ChatChoice {
-                    index: 0,
-                    message: AssistantMessage {
-                        role: "assistant".into(),
-                        content: piece.text,
-                    },
-                    logprobs: chat_lp,
-                    finish_reason: finish,
-                }],
-                usage: u,
-            }),
-            (Endpoint::Chat, None) => serde_json::to_value(ChatCompletionChunk {
-                id: self.id.clone(),
-                object: "chat.completion.chunk".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: match piece.usage_only {
-                    Some(_) => vec![],
-                    None => vec![ChatChunkChoice {
-                        index: 0,
-                        delta: ChatDelta {
-                            role: None,
-                            content: (!piece.text.is_empty() || finish.is_none())
-                                .then_some(piece.text),
-                        },
-                        logprobs: chat_lp,
-                        finish_reason: finish,
-                    }],
-                },
-                usage: piece.usage_only,
-            }),
-            (Endpoint::Completion, whole) => serde_json::to_value(Completion {
-                id: self.id.clone(),
-                object: "text_completion".into(),
-                created: self.created,
-                model: self.model_name.clone(),
-                choices: match piece.usage_only {
-                    Some(_) => vec![],
-                    None => vec![CompletionChoice {
-                        index: 0,
-                        text: piece.text,
-                        logprobs: completion_lp,
-                        finish_reason: finish,
-                    }],
-                },
-                usage: whole.or(piece.usage_only),
-            }),
-        }
+        let finish = piece.finish.map(|f| f.as_str());
+        Ok(match (whole, piece.usage_only, finish) {
+            (Some(u), _, f) => self
+                .meta
+                .whole(piece.text, piece.logprobs, f.unwrap_or("stop"), u),
+            (None, Some(u), _) => self.meta.usage_chunk(u),
+            (None, None, Some(f)) if piece.text.is_empty() => self.meta.finish_chunk(f),
+            (None, None, _) => self.meta.delta_chunk(piece.text, piece.logprobs),
+        })
     }
 
     fn event(&self, piece: Piece) -> Event {
@@ -233,25 +163,10 @@ fn sse_stream(
         match state {
             StreamState::Start(ctx, events) => {
                 // OpenAI opens a chat stream with the assistant role and empty content.
-                let first = (ctx.endpoint == Endpoint::Chat).then(|| {
-                    let chunk = ChatCompletionChunk {
-                        id: ctx.id.clone(),
-                        object: "chat.completion.chunk".into(),
-                        created: ctx.created,
-                        model: ctx.model_name.clone(),
-                        choices: vec![ChatChunkChoice {
-                            index: 0,
-                            delta: ChatDelta {
-                                role: Some("assistant".into()),
-                                content: Some(String::new()),
-                            },
-                            logprobs: None,
-                            finish_reason: None,
-                        }],
-                        usage: None,
-                    };
-                    Event::default().data(serde_json::to_string(&chunk).unwrap_or_default())
-                });
+                let first = ctx
+                    .meta
+                    .role_chunk()
+                    .map(|chunk| Event::default().data(chunk.to_string()));
                 Some((
                     first.into_iter().collect::<Vec<_>>(),
                     StreamState::Running(ctx, events, 0),

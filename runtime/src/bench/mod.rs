@@ -2,6 +2,10 @@
 //! return plain reports; the CLI prints them. Timings are wall-clock medians or totals of one
 //! run, so compare figures taken side by side in the same run.
 
+mod perplexity;
+
+pub use perplexity::{kv_capacity, perplexity, KvCapacity, PerplexityOptions, PerplexityReport};
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -21,6 +25,7 @@ fn fixed_length_request(prompt: Vec<u32>, max_tokens: usize) -> GenerationReques
         stop: Vec::new(),
         stop_token_ids: Vec::new(),
         ignore_eos: true,
+        resume: None,
     }
 }
 

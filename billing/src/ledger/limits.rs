@@ -1,0 +1,283 @@
+//! What the gateway keeps in the ledger besides keys and budgets: per-tenant rate limits, and
+//! the owner of every request id it accepted.
+//!
+//! Rate-limit *counters* are not here (they live in Redis, shared by gateway replicas, or in
+//! process for `tidal up`); only the configured limits are, next to the budget, so one
+//! database holds every tenant setting. Request ownership is here rather than in Redis so it
+//! survives a Redis restart as well as a gateway restart: a client that lost its connection
+//! reattaches to its response stream through any replica, and only its own tenant can.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use tidal_protocol::render::Endpoint;
+use uuid::Uuid;
+
+use super::{from_us, on_pool, to_us, Ledger};
+use crate::error::{Error, Result};
+use crate::ledger::Tenant;
+
+/// A tenant's rate limits; `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimits {
+    /// Requests admitted per minute.
+    pub requests_per_min: Option<u64>,
+    /// Tokens (prompt + completion, as finished requests report them) per minute.
+    pub tokens_per_min: Option<u64>,
+}
+
+impl RateLimits {
+    /// Checks that each set limit is at least 1 and fits the database column.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("requests_per_min", self.requests_per_min),
+            ("tokens_per_min", self.tokens_per_min),
+        ] {
+            if let Some(v) = v {
+                if v == 0 || i64::try_from(v).is_err() {
+                    return Err(Error::Invalid(format!(
+                        "{name} must be between 1 and {} (omit it for unlimited), got {v}",
+                        i64::MAX
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A tenant with its rate limits, as listed for operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TenantSettings {
+    /// The tenant (with its budget).
+    #[serde(flatten)]
+    pub tenant: Tenant,
+    /// Its rate limits.
+    pub limits: RateLimits,
+}
+
+/// A request the gateway accepted and enqueued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// Request id (the job id, UUIDv7).
+    pub id: Uuid,
+    /// Tenant that owns it.
+    pub tenant: String,
+    /// Model it was sent to.
+    pub model: String,
+    /// Entry id of its job in the model's jobs stream.
+    pub entry_id: String,
+    /// Endpoint, which decides the shape of its response chunks.
+    pub endpoint: Endpoint,
+    /// Whether its stream ends with a usage chunk.
+    pub include_usage: bool,
+    /// After this instant (ms since the epoch) an unstarted job never runs.
+    pub deadline_ms: u64,
+    /// When it was accepted.
+    pub created_at: DateTime<Utc>,
+}
+
+fn to_i64(what: &str, v: u64) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::Invalid(format!("{what} {v} out of range")))
+}
+
+fn limit(v: Option<i64>) -> Option<u64> {
+    v.and_then(|v| u64::try_from(v).ok())
+}
+
+impl Ledger {
+    /// Sets a tenant's rate limits (`None` fields: unlimited).
+    pub async fn set_rate_limits(&self, tenant: &str, limits: RateLimits) -> Result<()> {
+        limits.validate()?;
+        let rpm = limits.requests_per_min.map(|v| v as i64);
+        let tpm = limits.tokens_per_min.map(|v| v as i64);
+        let found = on_pool!(self, |pool, Db| {
+            let mut tx = pool.begin().await?;
+            let exists = sqlx::query("SELECT 1 FROM tenants WHERE id = $1")
+                .bind(tenant)
+                .fetch_optional(&mut *tx)
+                .await?
+                .is_some();
+            if exists {
+                sqlx::query(
+                    "INSERT INTO tenant_rate_limits (tenant_id, requests_per_min, tokens_per_min) \
+                     VALUES ($1, $2, $3) ON CONFLICT (tenant_id) DO UPDATE SET \
+                     requests_per_min = excluded.requests_per_min, \
+                     tokens_per_min = excluded.tokens_per_min",
+                )
+                .bind(tenant)
+                .bind(rpm)
+                .bind(tpm)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+            }
+            exists
+        });
+        if !found {
+            return Err(Error::NotFound(format!("tenant {tenant:?}")));
+        }
+        tracing::info!(tenant, ?limits, "rate limits set");
+        Ok(())
+    }
+
+    /// A tenant's rate limits ([`Error::NotFound`] for an unknown tenant).
+    pub async fn rate_limits(&self, tenant: &str) -> Result<RateLimits> {
+        let row: Option<(Option<i64>, Option<i64>)> = on_pool!(self, |pool, Db| {
+            sqlx::query(
+                "SELECT l.requests_per_min, l.tokens_per_min FROM tenants t \
+                 LEFT JOIN tenant_rate_limits l ON l.tenant_id = t.id WHERE t.id = $1",
+            )
+            .bind(tenant)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| -> Result<_> {
+                Ok((
+                    row.try_get("requests_per_min")?,
+                    row.try_get("tokens_per_min")?,
+                ))
+            })
+            .transpose()?
+        });
+        let (rpm, tpm) = row.ok_or_else(|| Error::NotFound(format!("tenant {tenant:?}")))?;
+        Ok(RateLimits {
+            requests_per_min: limit(rpm),
+            tokens_per_min: limit(tpm),
+        })
+    }
+
+    /// Every tenant with its budget and rate limits, by id.
+    pub async fn tenant_settings(&self) -> Result<Vec<TenantSettings>> {
+        on_pool!(self, |pool, Db| {
+            sqlx::query(
+                "SELECT t.id, t.name, t.created_us, t.monthly_budget_micros, \
+                 l.requests_per_min, l.tokens_per_min FROM tenants t \
+                 LEFT JOIN tenant_rate_limits l ON l.tenant_id = t.id ORDER BY t.id",
+            )
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| -> Result<TenantSettings> {
+                Ok(TenantSettings {
+                    tenant: Tenant {
+                        id: row.try_get("id")?,
+                        name: row.try_get("name")?,
+                        created_at: from_us(row.try_get("created_us")?)?,
+                        monthly_budget_micros: row.try_get("monthly_budget_micros")?,
+                    },
+                    limits: RateLimits {
+                        requests_per_min: limit(row.try_get("requests_per_min")?),
+                        tokens_per_min: limit(row.try_get("tokens_per_min")?),
+                    },
+                })
+            })
+            .collect()
+        })
+    }
+
+    /// Records an accepted request (its id must be new).
+    pub async fn record_request(&self, r: &RequestRecord) -> Result<()> {
+        let deadline = to_i64("deadline", r.deadline_ms)?;
+        on_pool!(self, |pool, Db| {
+            sqlx::query(
+                "INSERT INTO gateway_requests (id, tenant_id, model_id, entry_id, endpoint, \
+                 include_usage, deadline_ms, created_us) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(r.id.to_string())
+            .bind(r.tenant.as_str())
+            .bind(r.model.as_str())
+            .bind(r.entry_id.as_str())
+            .bind(r.endpoint.as_str())
+            .bind(r.include_usage)
+            .bind(deadline)
+            .bind(to_us(r.created_at))
+            .execute(pool)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// Request `id` if `tenant` owns it; `None` for an unknown id and for another tenant's
+    /// (the two are indistinguishable to the caller on purpose).
+    pub async fn owned_request(&self, tenant: &str, id: Uuid) -> Result<Option<RequestRecord>> {
+        let row = on_pool!(self, |pool, Db| {
+            sqlx::query(
+                "SELECT tenant_id, model_id, entry_id, endpoint, include_usage, deadline_ms, \
+                 created_us FROM gateway_requests WHERE id = $1 AND tenant_id = $2",
+            )
+            .bind(id.to_string())
+            .bind(tenant)
+            .fetch_optional(pool)
+            .await?
+            .map(|row| -> Result<RequestRecord> {
+                let endpoint: String = row.try_get("endpoint")?;
+                let deadline: i64 = row.try_get("deadline_ms")?;
+                Ok(RequestRecord {
+                    id,
+                    tenant: row.try_get("tenant_id")?,
+                    model: row.try_get("model_id")?,
+                    entry_id: row.try_get("entry_id")?,
+                    endpoint: Endpoint::parse(&endpoint)
+                        .ok_or_else(|| Error::Corrupt(format!("endpoint {endpoint:?}")))?,
+                    include_usage: row.try_get("include_usage")?,
+                    deadline_ms: u64::try_from(deadline)
+                        .map_err(|_| Error::Corrupt(format!("deadline {deadline}")))?,
+                    created_at: from_us(row.try_get("created_us")?)?,
+                })
+            })
+            .transpose()?
+        });
+        Ok(row)
+    }
+
+    /// Forgets request `id` (delivered or cancelled); whether it was recorded.
+    pub async fn forget_request(&self, id: Uuid) -> Result<bool> {
+        let n = on_pool!(self, |pool, Db| {
+            sqlx::query("DELETE FROM gateway_requests WHERE id = $1")
+                .bind(id.to_string())
+                .execute(pool)
+                .await?
+                .rows_affected()
+        });
+        Ok(n > 0)
+    }
+
+    /// Forgets requests accepted before `before` (their response streams have expired);
+    /// returns how many.
+    pub async fn prune_requests(&self, before: DateTime<Utc>) -> Result<u64> {
+        Ok(on_pool!(self, |pool, Db| {
+            sqlx::query("DELETE FROM gateway_requests WHERE created_us < $1")
+                .bind(to_us(before))
+                .execute(pool)
+                .await?
+                .rows_affected()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_must_be_positive_and_fit() {
+        assert!(RateLimits::default().validate().is_ok());
+        let ok = RateLimits {
+            requests_per_min: Some(1),
+            tokens_per_min: Some(i64::MAX as u64),
+        };
+        assert!(ok.validate().is_ok());
+        for bad in [
+            RateLimits {
+                requests_per_min: Some(0),
+                tokens_per_min: None,
+            },
+            RateLimits {
+                requests_per_min: None,
+                tokens_per_min: Some(u64::MAX),
+            },
+        ] {
+            assert!(matches!(bad.validate(), Err(Error::Invalid(_))), "{bad:?}");
+        }
+    }
+}

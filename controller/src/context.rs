@@ -1,0 +1,141 @@
+//! What every reconcile shares: clients, caches of the cluster, the per-Model memory, the
+//! clock, and the settings that come from the command line.
+//!
+//! The policy's window state lives here, in memory, per Model: a restarted (or newly
+//! elected) controller starts with empty windows, so for one stable window it decides from
+//! fewer samples. That is acceptable: activation and scale-to-zero depend on the current
+//! queue, not on history.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::Client;
+use tidal_autoscaler::{Decision, PolicyState, ScalingSpec};
+use tidal_billing::{FleetUsage, Ledger, Prices};
+use tidal_crds::ModelStatus;
+use tidal_queue::{Broker, ModelRecord};
+
+use crate::deployment::WorkerConfig;
+use crate::fleet_time::FleetMeter;
+
+/// A clock the controller reads (injected so tests control time).
+pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(SystemTime::now)
+}
+
+/// Settings from the command line.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often each Model is reconciled (the autoscaler's tick).
+    pub tick: Duration,
+    /// The workers' settings.
+    pub worker: WorkerConfig,
+    /// Consumer name the finaliser uses to withdraw queued jobs.
+    pub consumer: String,
+    /// Extra time after `drainTimeoutSeconds` that a deleted Model's in-flight jobs get
+    /// before the finaliser takes them over and fails them.
+    pub delete_grace: Duration,
+}
+
+/// What the controller remembers about one Model between ticks.
+#[derive(Debug)]
+pub struct Memory {
+    /// The autoscaling policy's windows.
+    pub policy: PolicyState,
+    /// The scaling spec the windows were made for.
+    pub scaling: Option<ScalingSpec>,
+    /// The last decision.
+    pub decision: Option<Decision>,
+    /// When it was made: Deployment changes also trigger reconciles, but the policy decides
+    /// once per tick (its rate limits are per decision).
+    pub decided_at: Option<SystemTime>,
+    /// The generation whose Deployments were last applied.
+    pub applied_generation: Option<i64>,
+    /// Prices known to be in the ledger.
+    pub published_prices: Option<Prices>,
+    /// The record last written to the broker.
+    pub record: Option<ModelRecord>,
+    /// The status last written.
+    pub status: Option<ModelStatus>,
+    /// When work was last seen.
+    pub last_request: Option<SystemTime>,
+    /// The generation an InvalidSpec event was emitted for.
+    pub invalid_generation: Option<i64>,
+    /// Closed fleet-time intervals the ledger has not taken yet (retried each tick).
+    pub unrecorded: Vec<(String, FleetUsage)>,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// The queue.
+    pub broker: Arc<dyn Broker>,
+    /// The ledger (prices, fleet time).
+    pub ledger: Ledger,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// The Models' pods (label `tidal.dev/model`).
+    pub pods: Store<Pod>,
+    /// Nodes (for interruption signals).
+    pub nodes: Store<Node>,
+    /// The controller's Deployments.
+    pub deployments: Store<Deployment>,
+    /// Settings.
+    pub settings: Settings,
+    /// The clock.
+    pub clock: Clock,
+    memory: Mutex<HashMap<String, Memory>>,
+    meter: Mutex<FleetMeter>,
+}
+
+impl Context {
+    /// A context over these clients and caches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        broker: Arc<dyn Broker>,
+        ledger: Ledger,
+        pods: Store<Pod>,
+        nodes: Store<Node>,
+        deployments: Store<Deployment>,
+        settings: Settings,
+        clock: Clock,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "tidal-controller".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            broker,
+            ledger,
+            pods,
+            nodes,
+            deployments,
+            settings,
+            clock,
+            memory: Mutex::new(HashMap::new()),
+            meter: Mutex::new(FleetMeter::default()),
+        }
+    }
+
+    /// The per-Model memory (a poisoned lock is recovered: the memory is a cache).
+    pub fn memory(&self) -> MutexGuard<'_, HashMap<String, Memory>> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fleet meter.
+    pub fn meter(&self) -> MutexGuard<'_, FleetMeter> {
+        self.meter.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

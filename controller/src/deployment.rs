@@ -1,0 +1,346 @@
+//! The Deployment of one capacity type of a Model (pure): the worker command, probes, drain
+//! budget, resources and scheduling. The reconciler server-side-applies what this returns.
+//!
+//! Workers pull from the queue, so the pods need no Service. A worker that gets SIGTERM
+//! stops claiming, finishes or re-enqueues its sequences within `--drain-timeout`, so the
+//! grace period is the drain timeout plus [`GRACE_MARGIN_SECONDS`] for the preStop hook and
+//! exit. `https://` and `hf://` weights are downloaded by an init container into `/models`
+//! (an emptyDir, or the spec's cache claim) and checked against their SHA-256.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle,
+    LifecycleHandler, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SecretKeySelector, TCPSocketAction, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use tidal_crds::{CapacityPool, Model, Source};
+use tidal_queue::CapacityType;
+
+use crate::names::{capacity_value, deployment_name, labels, model_id, selector_labels};
+
+/// Seconds added to the drain timeout for the termination grace period.
+pub const GRACE_MARGIN_SECONDS: i64 = 15;
+/// Where downloaded weights live in the pod.
+pub const MODELS_DIR: &str = "/models";
+/// Default node label carrying the GPU model (NVIDIA GPU feature discovery).
+pub const DEFAULT_GPU_TYPE_LABEL: &str = "nvidia.com/gpu.product";
+/// Default extended resource of a GPU.
+pub const DEFAULT_GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Settings of the workers that come from the controller, not from the Model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// Redis URL the workers use (`--queue`).
+    pub queue_url: String,
+    /// Broker key prefix (the worker's `--queue-prefix`), when not the default `tidal:`.
+    pub key_prefix: Option<String>,
+}
+
+/// The worker's arguments after `tidal` (the container's command is `tidal`).
+pub fn worker_args(
+    model: &Model,
+    source: &Source,
+    capacity: CapacityType,
+    cfg: &WorkerConfig,
+) -> Vec<String> {
+    let ns = model.namespace().unwrap_or_default();
+    let rt = &model.spec.runtime;
+    let path = match source {
+        Source::File { path } => path.clone(),
+        other => format!("{MODELS_DIR}/{}", other.file_name()),
+    };
+    let mut args: Vec<String> = [
+        "runtime",
+        "--model",
+        &path,
+        "--queue",
+        &cfg.queue_url,
+        "--model-id",
+        &model_id(&ns, &model.name_any()),
+        "--capacity-type",
+        capacity_value(capacity),
+        "--drain-timeout",
+        &format!("{}s", model.spec.drain_timeout_seconds),
+        "--listen",
+        &format!("0.0.0.0:{}", rt.port),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(p) = &cfg.key_prefix {
+        args.extend(["--queue-prefix".into(), p.clone()]);
+    }
+    if let Some(n) = rt.max_sequences {
+        args.extend(["--max-num-seqs".into(), n.to_string()]);
+    }
+    if let Some(n) = rt.token_budget {
+        args.extend(["--max-num-batched-tokens".into(), n.to_string()]);
+    }
+    if let Some(m) = &rt.kv_cache_memory {
+        args.extend(["--kv-cache-memory".into(), m.clone()]);
+    }
+    if let Some(q) = rt.quantisation {
+        args.extend(["--quantize".into(), q.as_arg().into()]);
+    }
+    args.extend(rt.extra_args.iter().cloned());
+    args
+}
+
+/// Shell script of the init container that downloads the weights (idempotent: a cached file
+/// with the right checksum is kept).
+const FETCH_SCRIPT: &str = r#"set -eu
+f="$MODELS_DIR/$MODEL_FILE"
+if [ -f "$f" ]; then
+  if [ -z "${MODEL_SHA256:-}" ]; then exit 0; fi
+  if echo "$MODEL_SHA256  $f" | sha256sum -c - >/dev/null 2>&1; then exit 0; fi
+fi
+tmp="$f.part.$HOSTNAME"
+if [ -n "${MODEL_TOKEN:-}" ]; then
+  curl -fsSL --retry 5 -H "Authorization: Bearer $MODEL_TOKEN" -o "$tmp" "$MODEL_URL"
+else
+  curl -fsSL --retry 5 -o "$tmp" "$MODEL_URL"
+fi
+if [ -n "${MODEL_SHA256:-}" ]; then echo "$MODEL_SHA256  $tmp" | sha256sum -c -; fi
+mv "$tmp" "$f"
+"#;
+
+fn env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+fn fetch_container(model: &Model, source: &Source, url: String) -> Container {
+    let mut envs = vec![
+        env("MODELS_DIR", MODELS_DIR),
+        env("MODEL_FILE", source.file_name()),
+        env("MODEL_URL", &url),
+    ];
+    if let Some(sha) = source.sha256() {
+        envs.push(env("MODEL_SHA256", sha));
+    }
+    if let Some(secret) = &model.spec.source.token_secret {
+        envs.push(EnvVar {
+            name: "MODEL_TOKEN".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.name.clone(),
+                    key: secret.key.clone(),
+                    optional: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+    }
+    Container {
+        name: "fetch-model".into(),
+        image: Some(model.spec.runtime.fetch_image.clone()),
+        command: Some(vec!["sh".into(), "-c".into(), FETCH_SCRIPT.into()]),
+        env: Some(envs),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "models".into(),
+            mount_path: MODELS_DIR.into(),
+            ..VolumeMount::default()
+        }]),
+        ..Container::default()
+    }
+}
+
+fn resources(model: &Model) -> ResourceRequirements {
+    let r = &model.spec.resources;
+    let mut limits = BTreeMap::new();
+    let mut requests = BTreeMap::new();
+    if r.gpus > 0 {
+        let key = r
+            .gpu_resource
+            .clone()
+            .unwrap_or_else(|| DEFAULT_GPU_RESOURCE.into());
+        limits.insert(key, Quantity(r.gpus.to_string()));
+    }
+    for (key, value) in [("cpu", &r.cpu), ("memory", &r.memory)] {
+        if let Some(v) = value {
+            requests.insert(key.to_string(), Quantity(v.clone()));
+            limits.insert(key.to_string(), Quantity(v.clone()));
+        }
+    }
+    ResourceRequirements {
+        limits: (!limits.is_empty()).then_some(limits),
+        requests: (!requests.is_empty()).then_some(requests),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn pool(model: &Model, capacity: CapacityType) -> &CapacityPool {
+    match capacity {
+        CapacityType::Spot => &model.spec.capacity.spot,
+        CapacityType::OnDemand => &model.spec.capacity.on_demand,
+    }
+}
+
+fn node_selector(model: &Model, capacity: CapacityType) -> Option<BTreeMap<String, String>> {
+    let mut sel = pool(model, capacity).node_selector.clone();
+    let r = &model.spec.resources;
+    if let Some(gpu) = &r.gpu_type {
+        let label = r
+            .gpu_type_label
+            .clone()
+            .unwrap_or_else(|| DEFAULT_GPU_TYPE_LABEL.into());
+        sel.insert(label, gpu.clone());
+    }
+    (!sel.is_empty()).then_some(sel)
+}
+
+/// The Deployment of `capacity` for `model` with `replicas` replicas. `source` is the parsed
+/// `spec.source` (the reconciler has validated the spec).
+pub fn build(
+    model: &Model,
+    source: &Source,
+    capacity: CapacityType,
+    replicas: u32,
+    cfg: &WorkerConfig,
+) -> Deployment {
+    let name = model.name_any();
+    let rt = &model.spec.runtime;
+    let port = i32::from(rt.port);
+    let port_ref = IntOrString::String("http".into());
+    let download = source.download_url();
+    let mut mounts = None;
+    let mut volumes = None;
+    let mut init = None;
+    if let Some(url) = download {
+        mounts = Some(vec![VolumeMount {
+            name: "models".into(),
+            mount_path: MODELS_DIR.into(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]);
+        let volume = match &model.spec.source.cache_volume_claim {
+            Some(claim) => Volume {
+                name: "models".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.clone(),
+                    read_only: None,
+                }),
+                ..Volume::default()
+            },
+            None => Volume {
+                name: "models".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+        };
+        volumes = Some(vec![volume]);
+        init = Some(vec![fetch_container(model, source, url)]);
+    }
+    let worker = Container {
+        name: "worker".into(),
+        image: Some(rt.image.clone()),
+        command: Some(vec!["tidal".into()]),
+        args: Some(worker_args(model, source, capacity, cfg)),
+        env: Some(vec![EnvVar {
+            name: "POD_NAME".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".into(),
+                    api_version: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: port,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        // Ready once the model is loaded and the worker claims work.
+        readiness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/health".into()),
+                port: port_ref.clone(),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(5),
+            failure_threshold: Some(3),
+            ..Probe::default()
+        }),
+        // Alive while it listens: loading a large model must not count as a failure.
+        liveness_probe: Some(Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: port_ref.clone(),
+                host: None,
+            }),
+            period_seconds: Some(10),
+            failure_threshold: Some(6),
+            ..Probe::default()
+        }),
+        // Start draining before SIGTERM: the worker stops claiming and answers once its
+        // sequences are finished or re-enqueued.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/drain".into()),
+                    port: port_ref,
+                    ..HTTPGetAction::default()
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        resources: Some(resources(model)),
+        volume_mounts: mounts,
+        ..Container::default()
+    };
+    let pool = pool(model, capacity);
+    let owner = model.controller_owner_ref(&());
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(deployment_name(&name, capacity)),
+            namespace: model.namespace(),
+            labels: Some(labels(&name, capacity)),
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(i32::try_from(replicas).unwrap_or(i32::MAX)),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(&name, capacity)),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels(&name, capacity)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![worker],
+                    init_containers: init,
+                    volumes,
+                    node_selector: node_selector(model, capacity),
+                    tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
+                    termination_grace_period_seconds: Some(
+                        i64::from(model.spec.drain_timeout_seconds) + GRACE_MARGIN_SECONDS,
+                    ),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+#[path = "deployment_tests.rs"]
+mod tests;

@@ -1,0 +1,234 @@
+//! Tests of the Deployment builder on the example manifests.
+
+use super::*;
+
+fn example(text: &str) -> Model {
+    serde_yaml::from_str(text).unwrap()
+}
+
+fn llama() -> Model {
+    let mut m = example(include_str!("../../crds/examples/llama-spot-fallback.yaml"));
+    m.metadata.uid = Some("uid-1".into());
+    m
+}
+
+fn cfg() -> WorkerConfig {
+    WorkerConfig {
+        queue_url: "redis://redis:6379".into(),
+        key_prefix: None,
+    }
+}
+
+fn pod_spec(d: &Deployment) -> &PodSpec {
+    d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
+}
+
+#[test]
+fn worker_command_uses_the_runtime_worker_flags() {
+    let m = llama();
+    let src = m.spec.source().unwrap();
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    assert_eq!(
+        args,
+        [
+            "runtime",
+            "--model",
+            "/models/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf",
+            "--queue",
+            "redis://redis:6379",
+            "--model-id",
+            "models/llama-3-8b",
+            "--capacity-type",
+            "spot",
+            "--drain-timeout",
+            "60s",
+            "--listen",
+            "0.0.0.0:8000",
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "2048",
+            "--kv-cache-memory",
+            "8GiB",
+        ]
+    );
+    let od = worker_args(&m, &src, CapacityType::OnDemand, &cfg());
+    assert_eq!(od[8], "on-demand");
+}
+
+#[test]
+fn file_source_is_loaded_in_place_with_extra_args_last() {
+    let m = example(include_str!("../../crds/examples/small-cpu-ondemand.yaml"));
+    let src = m.spec.source().unwrap();
+    let args = worker_args(&m, &src, CapacityType::OnDemand, &cfg());
+    assert_eq!(args[2], "/models/qwen2.5-0.5b-instruct-q4_0.gguf");
+    assert_eq!(
+        &args[args.len() - 6..],
+        [
+            "--kv-cache-memory",
+            "512MiB",
+            "--quantize",
+            "q4_0",
+            "--block-size",
+            "16"
+        ]
+    );
+    let d = build(&m, &src, CapacityType::OnDemand, 2, &cfg());
+    let spec = pod_spec(&d);
+    assert!(spec.init_containers.is_none(), "no download for file://");
+    assert!(spec.volumes.is_none());
+}
+
+#[test]
+fn spot_deployment_has_owner_probes_drain_and_scheduling() {
+    let m = llama();
+    let src = m.spec.source().unwrap();
+    let d = build(&m, &src, CapacityType::Spot, 3, &cfg());
+    assert_eq!(d.metadata.name.as_deref(), Some("llama-3-8b-spot"));
+    assert_eq!(d.metadata.namespace.as_deref(), Some("models"));
+    let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str(),
+            owner.controller
+        ),
+        ("Model", "llama-3-8b", "uid-1", Some(true))
+    );
+    let ds = d.spec.as_ref().unwrap();
+    assert_eq!(ds.replicas, Some(3));
+    assert_eq!(
+        ds.selector.match_labels.as_ref().unwrap(),
+        &selector_labels("llama-3-8b", CapacityType::Spot)
+    );
+    let spec = pod_spec(&d);
+    assert_eq!(
+        spec.termination_grace_period_seconds,
+        Some(60 + GRACE_MARGIN_SECONDS)
+    );
+    let sel = spec.node_selector.as_ref().unwrap();
+    assert_eq!(sel["karpenter.sh/capacity-type"], "spot");
+    assert_eq!(sel[DEFAULT_GPU_TYPE_LABEL], "NVIDIA-L4");
+    assert_eq!(
+        spec.tolerations.as_ref().unwrap()[0].key.as_deref(),
+        Some("nvidia.com/gpu")
+    );
+    let c = &spec.containers[0];
+    assert_eq!(c.command.as_deref(), Some(&["tidal".to_string()][..]));
+    assert_eq!(
+        c.readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/health")
+    );
+    assert!(c.liveness_probe.as_ref().unwrap().tcp_socket.is_some());
+    let pre_stop = c.lifecycle.as_ref().unwrap().pre_stop.as_ref().unwrap();
+    assert_eq!(
+        pre_stop.http_get.as_ref().unwrap().path.as_deref(),
+        Some("/drain")
+    );
+    let limits = c.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["nvidia.com/gpu"], Quantity("1".into()));
+    assert_eq!(limits["memory"], Quantity("24Gi".into()));
+    let requests = c.resources.as_ref().unwrap().requests.as_ref().unwrap();
+    assert_eq!(requests["cpu"], Quantity("4".into()));
+    assert!(!requests.contains_key("nvidia.com/gpu"));
+    // the download goes to the cache claim, checked against its hash, with the token
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    let env: BTreeMap<_, _> = init
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| (e.name.as_str(), e))
+        .collect();
+    assert_eq!(
+        env["MODEL_URL"].value.as_deref(),
+        Some("https://huggingface.co/bartowski/Meta-Llama-3-8B-Instruct-GGUF/resolve/main/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf")
+    );
+    assert_eq!(
+        env["MODEL_SHA256"].value.as_deref(),
+        Some("647a2b64cbcdbe670432d0502ebb2592b36dd364d51a9ef7a1387b7e3e4b8b8a")
+    );
+    let secret = env["MODEL_TOKEN"]
+        .value_from
+        .as_ref()
+        .unwrap()
+        .secret_key_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (secret.name.as_str(), secret.key.as_str()),
+        ("hf-token", "token")
+    );
+    let volume = &spec.volumes.as_ref().unwrap()[0];
+    assert_eq!(
+        volume.persistent_volume_claim.as_ref().unwrap().claim_name,
+        "model-cache"
+    );
+}
+
+#[test]
+fn on_demand_deployment_uses_its_own_pool() {
+    let m = llama();
+    let src = m.spec.source().unwrap();
+    let d = build(&m, &src, CapacityType::OnDemand, 0, &cfg());
+    assert_eq!(d.metadata.name.as_deref(), Some("llama-3-8b-ondemand"));
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(0));
+    let sel = pod_spec(&d).node_selector.as_ref().unwrap();
+    assert_eq!(sel["karpenter.sh/capacity-type"], "on-demand");
+    let labels = d
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .as_ref()
+        .unwrap();
+    assert_eq!(labels["tidal.dev/capacity"], "on-demand");
+}
+
+#[test]
+fn https_source_without_cache_uses_an_empty_dir() {
+    let m = example(include_str!(
+        "../../crds/examples/https-spot-with-base.yaml"
+    ));
+    let src = m.spec.source().unwrap();
+    let d = build(&m, &src, CapacityType::Spot, 1, &cfg());
+    let spec = pod_spec(&d);
+    assert!(spec.volumes.as_ref().unwrap()[0].empty_dir.is_some());
+    let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
+    assert_eq!(
+        (mounts[0].mount_path.as_str(), mounts[0].read_only),
+        (MODELS_DIR, Some(true))
+    );
+    assert!(spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()
+        .contains_key("memory"));
+}
+
+#[test]
+fn a_custom_key_prefix_is_passed_to_the_workers() {
+    let m = llama();
+    let src = m.spec.source().unwrap();
+    let cfg = WorkerConfig {
+        queue_url: "redis://r:6379".into(),
+        key_prefix: Some("prod:".into()),
+    };
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg);
+    assert_eq!(&args[13..15], ["--queue-prefix", "prod:"]);
+}

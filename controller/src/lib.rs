@@ -1,0 +1,31 @@
+//! Tidal's Kubernetes controller: turns each `Model` into two Deployments of runtime workers
+//! (`{name}-spot`, `{name}-ondemand`) and keeps their replicas matched to the model's queue
+//! with the autoscaling policy of `tidal-autoscaler` (design.md, "Autoscaling" and "Spot
+//! capacity").
+//!
+//! Pure parts (tested with plain unit tests): [`deployment`] (the Deployment a Model gets),
+//! [`observe`] (pods and nodes → the policy's view), [`report`] (status, record state,
+//! Events), [`fleet_time`] (replica time per minute). I/O parts: [`reconcile`] (one tick of
+//! one Model, and the finaliser), [`leader`] (Lease election), [`watch_mode`] (streaming
+//! lists or lists), [`http`] (`/health`, `/metrics`), [`mod@run`] (the process).
+
+pub mod context;
+pub mod deployment;
+pub mod error;
+pub mod fleet_time;
+pub mod http;
+pub mod leader;
+pub mod names;
+pub mod observe;
+pub mod reconcile;
+pub mod report;
+pub mod run;
+pub mod watch_mode;
+
+pub use context::{Clock, Context, Settings};
+pub use error::{Error, Result};
+pub use run::{run, RunConfig, RunError};
+
+/// Re-exported so tests and the CLI use the same client versions.
+pub use k8s_openapi;
+pub use kube;

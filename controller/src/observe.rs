@@ -1,0 +1,229 @@
+//! What the fleet looks like to the policy (pure): a Model's pods and the nodes they run on,
+//! summarised per capacity type into the policy's [`CapacityObserved`].
+//!
+//! A pod not yet bound to a node is *pending* (its creation time feeds the spot fallback
+//! delay); a bound pod that is not Ready is *starting*; a Ready pod on a node without an
+//! interruption signal is *ready*. Pods on nodes with an interruption signal (Karpenter,
+//! GKE, AWS node-termination-handler taints, or a termination node condition) count as
+//! *interrupted* and never as ready, so the policy replaces them before they go. Pods being
+//! deleted are neither: they drain and leave, but are still *scheduled* (they cost money).
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tidal_autoscaler::{condition_signal, taint_signal, CapacityObserved};
+
+/// One capacity type's pods, as the policy and the fleet meter need them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolObservation {
+    /// The policy's view.
+    pub capacity: CapacityObserved,
+    /// Pods bound to a node (starting, ready, interrupted or draining): what costs money.
+    pub scheduled: u32,
+}
+
+/// Whether `node` shows a spot interruption signal.
+pub fn node_interrupted(node: &Node) -> bool {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().any(|t| taint_signal(&t.key).is_some()))
+        .unwrap_or(false);
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|c| {
+            c.iter()
+                .any(|c| condition_signal(&c.type_, &c.status).is_some())
+        })
+        .unwrap_or(false);
+    taints || conditions
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .unwrap_or(false)
+}
+
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+/// Time since the UNIX epoch: the clock the controller runs the policy on.
+pub fn epoch(t: SystemTime) -> Duration {
+    t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default()
+}
+
+/// Summarises `pods` (one capacity type of one Model); `node` looks a node up by name.
+pub fn observe_pool<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    node: impl Fn(&str) -> Option<std::sync::Arc<Node>>,
+) -> PoolObservation {
+    let mut out = PoolObservation::default();
+    for pod in pods {
+        if finished(pod) {
+            continue;
+        }
+        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        let Some(node_name) = bound else {
+            if !deleting {
+                let created = pod
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| epoch(SystemTime::from(t.0)))
+                    .unwrap_or_default();
+                out.capacity.pending_since.push(created);
+            }
+            continue;
+        };
+        out.scheduled += 1;
+        if deleting {
+            continue;
+        }
+        if node(node_name).is_some_and(|n| node_interrupted(&n)) {
+            out.capacity.interrupted += 1;
+        } else if is_ready(pod) {
+            out.capacity.ready += 1;
+        } else {
+            out.capacity.starting += 1;
+        }
+    }
+    out.capacity.pending_since.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        NodeCondition, NodeSpec, NodeStatus, PodCondition, PodSpec, PodStatus, Taint,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    fn pod(node: Option<&str>, ready: bool, created_s: i64) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                creation_timestamp: Some(Time(Timestamp::from_second(created_s).unwrap())),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: node.map(String::from),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(if node.is_some() { "Running" } else { "Pending" }.into()),
+                conditions: Some(vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: if ready { "True" } else { "False" }.into(),
+                    ..PodCondition::default()
+                }]),
+                ..PodStatus::default()
+            }),
+        }
+    }
+
+    fn node(taint: Option<&str>, condition: Option<(&str, &str)>) -> Arc<Node> {
+        Arc::new(Node {
+            spec: Some(NodeSpec {
+                taints: taint.map(|k| {
+                    vec![Taint {
+                        key: k.into(),
+                        effect: "NoSchedule".into(),
+                        ..Taint::default()
+                    }]
+                }),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: condition.map(|(t, s)| {
+                    vec![NodeCondition {
+                        type_: t.into(),
+                        status: s.into(),
+                        ..NodeCondition::default()
+                    }]
+                }),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        })
+    }
+
+    #[test]
+    fn classifies_pending_starting_ready_and_interrupted() {
+        let nodes: HashMap<&str, Arc<Node>> = HashMap::from([
+            ("ok", node(None, None)),
+            ("karpenter", node(Some("karpenter.sh/disrupted"), None)),
+            (
+                "gke",
+                node(Some("cloud.google.com/impending-node-termination"), None),
+            ),
+            ("cond", node(None, Some(("SpotInterruption", "True")))),
+            (
+                "cond-false",
+                node(None, Some(("SpotInterruption", "False"))),
+            ),
+        ]);
+        let pods = [
+            pod(None, false, 200),
+            pod(None, false, 100),
+            pod(Some("ok"), false, 50),
+            pod(Some("ok"), true, 50),
+            pod(Some("cond-false"), true, 50),
+            pod(Some("karpenter"), true, 50),
+            pod(Some("gke"), false, 50),
+            pod(Some("cond"), true, 50),
+            pod(Some("unknown-node"), true, 50),
+        ];
+        let got = observe_pool(&pods, |n| nodes.get(n).cloned());
+        assert_eq!(
+            got.capacity,
+            CapacityObserved {
+                ready: 3,
+                starting: 1,
+                pending_since: vec![Duration::from_secs(100), Duration::from_secs(200)],
+                interrupted: 3,
+            }
+        );
+        assert_eq!(got.scheduled, 7);
+    }
+
+    #[test]
+    fn deleting_pods_cost_but_do_not_serve_and_finished_pods_are_ignored() {
+        let mut deleting = pod(Some("ok"), true, 10);
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(20).unwrap()));
+        let mut deleting_pending = pod(None, false, 10);
+        deleting_pending.metadata.deletion_timestamp =
+            Some(Time(Timestamp::from_second(20).unwrap()));
+        let mut failed = pod(Some("ok"), false, 10);
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        let nodes = HashMap::from([("ok", node(None, None))]);
+        let got = observe_pool(&[deleting, deleting_pending, failed], |n| {
+            nodes.get(n).cloned()
+        });
+        assert_eq!(got.capacity, CapacityObserved::default());
+        assert_eq!(got.scheduled, 1);
+    }
+
+    #[test]
+    fn aws_nth_taint_interrupts() {
+        assert!(node_interrupted(&node(
+            Some("aws-node-termination-handler/spot-itn"),
+            None
+        )));
+        assert!(!node_interrupted(&node(Some("nvidia.com/gpu"), None)));
+        assert!(!node_interrupted(&Node::default()));
+    }
+}

@@ -1,0 +1,564 @@
+//! The reconciler: one tick of one Model.
+//!
+//! Apply: validate the spec, publish prices to the ledger, read the queue, observe the pods,
+//! run the policy, apply both Deployments (server-side apply, on a new generation or when one
+//! is missing) or patch only `spec.replicas` (a scale decision), emit Events for changes,
+//! record fleet time, publish the broker's model record, and patch the status subresource.
+//! Cleanup (the finaliser): remove the model record so the gateway stops routing to it,
+//! delete the Deployments, fail every queued job (the clients get an error), give in-flight
+//! jobs the drain timeout to finish, then fail what is left and purge the model's streams.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tidal_autoscaler::{decide, telemetry, Observed, PolicyState, ScalingSpec};
+use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
+use tidal_crds::{Model, ModelSpec, ModelStatus, FINALIZER};
+use tidal_queue::{CapacityType, ClaimedJob, ModelRecord, QueueError, ResponseEvent};
+use tracing::Instrument;
+
+use crate::context::{Context, Memory};
+use crate::deployment;
+use crate::error::{Error, Result};
+use crate::names::{
+    capacity_value, deployment_name, model_id, CAPACITIES, CAPACITY_LABEL, FIELD_MANAGER,
+    MAX_NAME_LEN, MODEL_LABEL,
+};
+use crate::observe::{epoch, observe_pool, PoolObservation};
+use crate::report::{self, Notice, Tick};
+
+/// Most fleet-time rows kept for retry while the ledger is down.
+const MAX_UNRECORDED: usize = 10_000;
+/// Jobs handled per broker call in the finaliser.
+const BATCH: usize = 256;
+
+/// Reconciles one Model (the kube-runtime `Controller`'s reconcile function).
+pub async fn reconcile(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let id = model_id(&ns, &model.name_any());
+    let api: Api<Model> = Api::namespaced(ctx.client.clone(), &ns);
+    let span = tracing::info_span!("reconcile", model = %id);
+    finalizer(&api, FINALIZER, model, |event| async {
+        match event {
+            Event::Apply(m) => apply(m, ctx.clone()).await,
+            Event::Cleanup(m) => cleanup(m, ctx.clone()).await,
+        }
+    })
+    .instrument(span)
+    .await
+    .map_err(|e| match e {
+        FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
+        FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => Error::Kube(e),
+        other => Error::Finalizer(other.to_string()),
+    })
+}
+
+/// Back-off after a failed reconcile.
+pub fn error_policy(model: Arc<Model>, err: &Error, ctx: Arc<Context>) -> Action {
+    match err {
+        Error::Draining { .. } => {
+            tracing::info!(model = %model.name_any(), "{err}");
+            Action::requeue(ctx.settings.tick.max(Duration::from_secs(2)))
+        }
+        _ => {
+            tracing::warn!(model = %model.name_any(), error = %err, "reconcile failed");
+            metrics::counter!("tidal_controller_reconcile_errors_total").increment(1);
+            Action::requeue(Duration::from_secs(10))
+        }
+    }
+}
+
+fn to_time(t: SystemTime) -> Time {
+    Time(Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+fn queue_prices(spec: &ModelSpec) -> tidal_queue::Prices {
+    let p = &spec.pricing;
+    let u = |v: i64| u64::try_from(v).unwrap_or(0);
+    tidal_queue::Prices {
+        currency: p.currency.clone(),
+        input_per_mtok_micros: u(p.input_per_million_micros),
+        cached_input_per_mtok_micros: u(p.cached_input_per_million_micros),
+        output_per_mtok_micros: u(p.output_per_million_micros),
+    }
+}
+
+fn ledger_prices(spec: &ModelSpec) -> Prices {
+    let p = &spec.pricing;
+    Prices {
+        input_per_m: p.input_per_million_micros,
+        cached_input_per_m: p.cached_input_per_million_micros,
+        output_per_m: p.output_per_million_micros,
+    }
+}
+
+async fn publish_event(ctx: &Context, model: &Model, notice: &Notice) {
+    let event = KubeEvent {
+        type_: if notice.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: notice.reason.into(),
+        note: Some(notice.note.clone()),
+        action: "Scale".into(),
+        secondary: None,
+    };
+    tracing::info!(reason = notice.reason, note = %notice.note, "event");
+    if let Err(e) = ctx.recorder.publish(&event, &model.object_ref(&())).await {
+        tracing::warn!(error = %e, "publishing an event failed");
+    }
+}
+
+async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Result<()> {
+    let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let api: Api<Model> = Api::namespaced(ctx.client.clone(), &ns);
+    let body = json!({
+        "apiVersion": "tidal.dev/v1alpha1",
+        "kind": "Model",
+        "status": status,
+    });
+    api.patch_status(
+        &model.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Takes the Model's memory out of the shared map for the tick (put back after).
+fn take_memory(ctx: &Context, id: &str, scaling: Option<&ScalingSpec>) -> Memory {
+    let mut mem = ctx.memory().remove(id).unwrap_or_else(|| Memory {
+        policy: PolicyState::new(scaling.unwrap_or(&ScalingSpec::default())),
+        scaling: scaling.cloned(),
+        decision: None,
+        decided_at: None,
+        applied_generation: None,
+        published_prices: None,
+        record: None,
+        status: None,
+        last_request: None,
+        invalid_generation: None,
+        unrecorded: Vec::new(),
+    });
+    if let Some(s) = scaling {
+        if mem.scaling.as_ref() != Some(s) {
+            // new windows: the old samples were taken under other rules
+            mem.policy = PolicyState::new(s);
+            mem.scaling = Some(s.clone());
+        }
+    }
+    mem
+}
+
+async fn apply(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = model.name_any();
+    let id = model_id(&ns, &name);
+    let checked = if name.len() > MAX_NAME_LEN {
+        Err(format!(
+            "the name is longer than {MAX_NAME_LEN} characters (Deployment names and pod labels must fit)"
+        ))
+    } else {
+        model
+            .spec
+            .validate()
+            .and_then(|s| Ok((s, model.spec.source()?)))
+            .map_err(|e| e.to_string())
+    };
+    let mut mem = take_memory(&ctx, &id, checked.as_ref().ok().map(|(s, _)| s));
+    let result = match checked {
+        Ok((scaling, source)) => tick(&model, &ctx, &mut mem, &scaling, &source).await,
+        Err(message) => invalid(&model, &ctx, &mut mem, message).await,
+    };
+    ctx.memory().insert(id, mem);
+    result
+}
+
+async fn invalid(
+    model: &Model,
+    ctx: &Context,
+    mem: &mut Memory,
+    message: String,
+) -> Result<Action> {
+    let generation = model.metadata.generation;
+    tracing::warn!(%message, "invalid spec");
+    if mem.invalid_generation != generation || generation.is_none() {
+        publish_event(
+            ctx,
+            model,
+            &Notice {
+                reason: "InvalidSpec",
+                note: message.clone(),
+                warning: true,
+            },
+        )
+        .await;
+        mem.invalid_generation = generation;
+    }
+    let previous = mem.status.clone().or_else(|| model.status.clone());
+    let status = report::invalid_status(
+        message,
+        generation,
+        to_time((ctx.clock)()),
+        previous.as_ref(),
+    );
+    if mem.status.as_ref() != Some(&status) {
+        patch_status(ctx, model, &status).await?;
+        mem.status = Some(status);
+    }
+    Ok(Action::await_change())
+}
+
+fn observe(ctx: &Context, ns: &str, name: &str, capacity: CapacityType) -> PoolObservation {
+    let value = capacity_value(capacity);
+    let pods = ctx.pods.state_filter(|p| {
+        p.metadata.namespace.as_deref() == Some(ns)
+            && p.labels().get(MODEL_LABEL).map(String::as_str) == Some(name)
+            && p.labels().get(CAPACITY_LABEL).map(String::as_str) == Some(value)
+    });
+    observe_pool(pods.iter().map(|p| p.as_ref()), |node| {
+        ctx.nodes.get(&ObjectRef::new(node))
+    })
+}
+
+async fn publish_prices(
+    ctx: &Context,
+    id: &str,
+    spec: &ModelSpec,
+    mem: &mut Memory,
+    now: SystemTime,
+) -> Result<()> {
+    let prices = ledger_prices(spec);
+    if mem.published_prices == Some(prices) {
+        return Ok(());
+    }
+    let versions = ctx.ledger.price_versions(Some(id)).await?;
+    let current = versions
+        .iter()
+        .max_by_key(|v| v.effective_from)
+        .map(|v| v.prices);
+    if current != Some(prices) {
+        let at = chrono::DateTime::<chrono::Utc>::from(now);
+        ctx.ledger.set_price(id, at, prices, at).await?;
+        tracing::info!(?prices, "published prices to the ledger");
+    }
+    mem.published_prices = Some(prices);
+    Ok(())
+}
+
+async fn record_fleet_time(
+    ctx: &Context,
+    model: &Model,
+    id: &str,
+    mem: &mut Memory,
+    scheduled: [(CapacityType, u32); 2],
+    now: SystemTime,
+) -> Result<()> {
+    let now_ms = u64::try_from(epoch(now).as_millis()).unwrap_or(u64::MAX);
+    for (capacity, count) in scheduled {
+        let closed = ctx.meter().sample(id, capacity, count, now_ms);
+        let pool = match capacity {
+            CapacityType::Spot => &model.spec.capacity.spot,
+            CapacityType::OnDemand => &model.spec.capacity.on_demand,
+        };
+        for interval in closed {
+            let start = chrono::DateTime::<chrono::Utc>::from(
+                SystemTime::UNIX_EPOCH + Duration::from_millis(interval.start_ms),
+            );
+            let usage = FleetUsage {
+                model: interval.model.clone(),
+                capacity: match capacity {
+                    CapacityType::Spot => BillingCapacity::Spot,
+                    CapacityType::OnDemand => BillingCapacity::OnDemand,
+                },
+                day: start.date_naive(),
+                price_per_hour_micros: pool.cost_per_replica_hour_micros,
+                replica_ms: i64::try_from(interval.replica_ms).unwrap_or(i64::MAX),
+            };
+            if mem.unrecorded.len() < MAX_UNRECORDED {
+                mem.unrecorded.push((interval.id, usage));
+            }
+        }
+    }
+    while let Some((interval_id, usage)) = mem.unrecorded.first() {
+        ctx.ledger.record_fleet_usage(interval_id, usage).await?;
+        mem.unrecorded.remove(0);
+    }
+    Ok(())
+}
+
+async fn tick(
+    model: &Model,
+    ctx: &Context,
+    mem: &mut Memory,
+    scaling: &ScalingSpec,
+    source: &tidal_crds::Source,
+) -> Result<Action> {
+    let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = model.name_any();
+    let id = model_id(&ns, &name);
+    let now = (ctx.clock)();
+    let generation = model.metadata.generation;
+    let mut degraded: Vec<String> = Vec::new();
+
+    if let Err(e) = publish_prices(ctx, &id, &model.spec, mem, now).await {
+        tracing::warn!(error = %e, "publishing prices failed");
+        degraded.push(format!("prices not published: {e}"));
+    }
+
+    let depth = match ctx.broker.depth(&id).await {
+        Ok(d) => d,
+        Err(e) => {
+            // Without the queue there is nothing to scale on: keep the fleet as it is.
+            tracing::warn!(error = %e, "reading the queue failed");
+            let previous = mem
+                .status
+                .clone()
+                .or_else(|| model.status.clone())
+                .unwrap_or_default();
+            let mut status = previous.clone();
+            status.phase = tidal_crds::Phase::Degraded;
+            status.observed_generation = generation;
+            if mem.status.as_ref() != Some(&status) {
+                patch_status(ctx, model, &status).await?;
+                mem.status = Some(status);
+            }
+            return Err(e.into());
+        }
+    };
+    let spot = observe(ctx, &ns, &name, CapacityType::Spot);
+    let on_demand = observe(ctx, &ns, &name, CapacityType::OnDemand);
+    if depth.backlog + depth.in_flight > 0 {
+        mem.last_request = Some(now);
+    }
+    let observed = Observed {
+        backlog: depth.backlog,
+        in_flight: depth.in_flight,
+        spot: spot.capacity.clone(),
+        on_demand: on_demand.capacity.clone(),
+        last_request_at: mem.last_request.map(epoch),
+    };
+    let due = mem.decided_at.is_none_or(|t| {
+        now.duration_since(t).unwrap_or_default() >= ctx.settings.tick.mul_f64(0.9)
+    });
+    let decision = match (&mem.decision, due) {
+        (Some(previous), false) => previous.clone(),
+        _ => {
+            let d = decide(&observed, scaling, &mut mem.policy, epoch(now));
+            mem.decided_at = Some(now);
+            telemetry::record(&id, &observed, &d);
+            d
+        }
+    };
+    metrics::counter!("tidal_controller_reconciles_total").increment(1);
+
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let full = mem.applied_generation.is_none() || mem.applied_generation != generation;
+    for capacity in CAPACITIES {
+        let want = match capacity {
+            CapacityType::Spot => decision.spot,
+            CapacityType::OnDemand => decision.on_demand,
+        };
+        let dep_name = deployment_name(&name, capacity);
+        let existing = ctx.deployments.get(&ObjectRef::new(&dep_name).within(&ns));
+        if full || existing.is_none() {
+            let body = deployment::build(model, source, capacity, want, &ctx.settings.worker);
+            deployments
+                .patch(
+                    &dep_name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await?;
+            tracing::info!(deployment = %dep_name, replicas = want, "applied deployment");
+        } else {
+            let current = existing
+                .as_ref()
+                .and_then(|d| d.spec.as_ref())
+                .and_then(|s| s.replicas);
+            if current != Some(i32::try_from(want).unwrap_or(i32::MAX)) {
+                deployments
+                    .patch(
+                        &dep_name,
+                        &PatchParams {
+                            field_manager: Some(FIELD_MANAGER.into()),
+                            ..PatchParams::default()
+                        },
+                        &Patch::Merge(json!({ "spec": { "replicas": want } })),
+                    )
+                    .await?;
+                tracing::info!(deployment = %dep_name, from = ?current, to = want, reason = %decision.reason, "scaled");
+            }
+        }
+    }
+    mem.applied_generation = generation;
+
+    for notice in report::notices(mem.decision.as_ref(), &decision) {
+        publish_event(ctx, model, &notice).await;
+    }
+
+    if let Err(e) = record_fleet_time(
+        ctx,
+        model,
+        &id,
+        mem,
+        [
+            (CapacityType::Spot, spot.scheduled),
+            (CapacityType::OnDemand, on_demand.scheduled),
+        ],
+        now,
+    )
+    .await
+    {
+        tracing::warn!(error = %e, "recording fleet time failed");
+        degraded.push(format!("fleet time not recorded: {e}"));
+    }
+
+    let record = ModelRecord {
+        id: id.clone(),
+        state: report::record_state(&observed, &decision),
+        prices: queue_prices(&model.spec),
+        max_queue_wait_ms: u64::from(model.spec.scaling.max_queue_wait_seconds) * 1000,
+        backlog_cap: u64::from(model.spec.scaling.max_backlog),
+        context_length: model.spec.runtime.context_length.unwrap_or(0),
+    };
+    if mem.record.as_ref() != Some(&record) {
+        match ctx.broker.put_model(&record).await {
+            Ok(()) => mem.record = Some(record),
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing the model record failed");
+                degraded.push(format!("model record not published: {e}"));
+            }
+        }
+    }
+
+    let previous = mem.status.clone().or_else(|| model.status.clone());
+    let status = report::status(
+        &Tick {
+            observed: &observed,
+            decision: &decision,
+            generation,
+            last_request: mem.last_request.map(to_time),
+            degraded: (!degraded.is_empty()).then(|| degraded.join("; ")),
+            now: to_time(now),
+        },
+        previous.as_ref(),
+    );
+    mem.decision = Some(decision);
+    if mem.status.as_ref() != Some(&status) {
+        patch_status(ctx, model, &status).await?;
+        mem.status = Some(status);
+    }
+    Ok(Action::requeue(ctx.settings.tick))
+}
+
+/// Fails one job: its client gets `model_not_found`, and the entry is acked.
+async fn fail_job(ctx: &Context, id: &str, job: &ClaimedJob) -> Result<()> {
+    let mut seq = job.job.resume.as_ref().map(|r| r.last_seq).unwrap_or(0) + 1;
+    for _ in 0..4 {
+        let event = ResponseEvent::Error {
+            seq,
+            status: 404,
+            code: "model_not_found".into(),
+            param: Some("model".into()),
+            message: format!("the model `{id}` was deleted before this request finished"),
+        };
+        match ctx.broker.append_response(job.job.id, &event).await {
+            Ok(()) | Err(QueueError::ResponseFinished { .. }) => break,
+            Err(QueueError::SeqConflict { last, .. }) => seq = last + 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match ctx.broker.ack(job).await {
+        Ok(()) | Err(QueueError::NotOwner { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The finaliser's work; an error keeps the finaliser and retries.
+async fn cleanup(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = model.name_any();
+    let id = model_id(&ns, &name);
+    let consumer = ctx.settings.consumer.as_str();
+    ctx.broker.remove_model(&id).await?;
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    for capacity in CAPACITIES {
+        match deployments
+            .delete(
+                &deployment_name(&name, capacity),
+                &DeleteParams::background(),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut failed = 0usize;
+    loop {
+        let jobs = ctx
+            .broker
+            .claim(&id, consumer, BATCH, Duration::ZERO)
+            .await?;
+        if jobs.is_empty() {
+            break;
+        }
+        for job in &jobs {
+            fail_job(&ctx, &id, job).await?;
+        }
+        failed += jobs.len();
+    }
+    let depth = ctx.broker.depth(&id).await?;
+    if depth.in_flight > 0 {
+        let deleted = model
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| SystemTime::from(t.0))
+            .unwrap_or_else(|| (ctx.clock)());
+        let deadline = deleted
+            + Duration::from_secs(u64::from(model.spec.drain_timeout_seconds))
+            + ctx.settings.delete_grace;
+        if (ctx.clock)() < deadline {
+            return Err(Error::Draining {
+                model: id,
+                in_flight: depth.in_flight,
+            });
+        }
+        loop {
+            let jobs = ctx
+                .broker
+                .take_over(&id, consumer, Duration::ZERO, BATCH)
+                .await?;
+            if jobs.is_empty() {
+                break;
+            }
+            for job in &jobs {
+                fail_job(&ctx, &id, job).await?;
+            }
+            failed += jobs.len();
+        }
+    }
+    ctx.broker.purge_model(&id).await?;
+    ctx.memory().remove(&id);
+    ctx.meter().forget(&id);
+    tracing::info!(
+        failed_jobs = failed,
+        "model deleted: queue withdrawn and purged"
+    );
+    Ok(Action::await_change())
+}

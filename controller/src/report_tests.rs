@@ -1,0 +1,213 @@
+//! Tests of status, record state and Events.
+
+use super::*;
+use k8s_openapi::jiff::Timestamp;
+use tidal_autoscaler::{CapacityObserved, Reason};
+
+fn decision(spot: u32, on_demand: u32, fallback: u32) -> Decision {
+    Decision {
+        spot,
+        on_demand,
+        fallback,
+        serving: spot + on_demand - fallback,
+        reason: Reason::Stable,
+        panic: false,
+        stable_demand: 0.0,
+        panic_demand: 0.0,
+    }
+}
+
+fn observed(spot_ready: u32, od_ready: u32, backlog: u64) -> Observed {
+    Observed {
+        backlog,
+        in_flight: 1,
+        spot: CapacityObserved {
+            ready: spot_ready,
+            ..CapacityObserved::default()
+        },
+        on_demand: CapacityObserved {
+            ready: od_ready,
+            ..CapacityObserved::default()
+        },
+        last_request_at: None,
+    }
+}
+
+fn t(s: i64) -> Time {
+    Time(Timestamp::from_second(s).unwrap())
+}
+
+#[test]
+fn phases() {
+    assert_eq!(
+        phase(&observed(0, 0, 0), &decision(0, 0, 0), false),
+        Phase::ScaledToZero
+    );
+    assert_eq!(
+        phase(&observed(0, 0, 3), &decision(1, 0, 0), false),
+        Phase::Starting
+    );
+    assert_eq!(
+        phase(&observed(1, 0, 3), &decision(2, 0, 0), false),
+        Phase::Ready
+    );
+    assert_eq!(
+        phase(&observed(1, 0, 3), &decision(2, 0, 0), true),
+        Phase::Degraded
+    );
+    assert_eq!(
+        record_state(&observed(0, 0, 0), &decision(0, 0, 0)),
+        ModelState::ScaledToZero
+    );
+    assert_eq!(
+        record_state(&observed(0, 0, 1), &decision(0, 1, 0)),
+        ModelState::Starting
+    );
+    assert_eq!(
+        record_state(&observed(0, 1, 1), &decision(0, 1, 0)),
+        ModelState::Ready
+    );
+}
+
+#[test]
+fn status_reports_per_capacity_and_keeps_transition_times() {
+    let o = observed(2, 1, 7);
+    let d = decision(3, 2, 1);
+    let tick = Tick {
+        observed: &o,
+        decision: &d,
+        generation: Some(4),
+        last_request: Some(t(90)),
+        degraded: None,
+        now: t(100),
+    };
+    let s = status(&tick, None);
+    assert_eq!(s.phase, Phase::Ready);
+    assert_eq!(s.ready_replicas, 3);
+    assert_eq!(
+        s.spot,
+        CapacityStatus {
+            desired: 3,
+            ready: 2
+        }
+    );
+    assert_eq!(
+        s.on_demand,
+        CapacityStatus {
+            desired: 2,
+            ready: 1
+        }
+    );
+    assert_eq!((s.fallback_replicas, s.backlog, s.in_flight), (1, 7, 1));
+    assert_eq!(s.observed_generation, Some(4));
+    assert_eq!(s.last_request_time, Some(t(90)));
+    let spot = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SpotAvailable")
+        .unwrap();
+    assert_eq!(
+        (spot.status.as_str(), spot.reason.as_str()),
+        ("False", "SpotFallback")
+    );
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Serving")
+    );
+
+    // Same statuses later keep their transition time; a flipped one gets the new time.
+    let d2 = decision(3, 0, 0);
+    let later = Tick {
+        decision: &d2,
+        now: t(200),
+        ..tick.clone()
+    };
+    let s2 = status(&later, Some(&s));
+    let get = |s: &ModelStatus, ty: &str| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == ty)
+            .unwrap()
+            .last_transition_time
+            .clone()
+    };
+    assert_eq!(get(&s2, "Ready"), t(100));
+    assert_eq!(get(&s2, "SpotAvailable"), t(200));
+}
+
+#[test]
+fn degraded_status_carries_the_message() {
+    let o = observed(0, 0, 0);
+    let d = decision(0, 0, 0);
+    let s = status(
+        &Tick {
+            observed: &o,
+            decision: &d,
+            generation: Some(1),
+            last_request: None,
+            degraded: Some("prices not published: ledger down".into()),
+            now: t(5),
+        },
+        None,
+    );
+    assert_eq!(s.phase, Phase::Degraded);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "Degraded");
+    assert!(ready.message.contains("ledger down"));
+}
+
+#[test]
+fn invalid_status_sets_spec_valid_false_and_keeps_the_rest() {
+    let previous = ModelStatus {
+        backlog: 3,
+        ..ModelStatus::default()
+    };
+    let s = invalid_status("bad".into(), Some(2), t(9), Some(&previous));
+    assert_eq!(s.phase, Phase::Degraded);
+    assert_eq!(s.backlog, 3);
+    assert_eq!(s.observed_generation, Some(2));
+    let c = &s.conditions[0];
+    assert_eq!(
+        (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+        ("SpecValid", "False", "InvalidSpec")
+    );
+}
+
+#[test]
+fn events_for_scale_up_down_zero_fallback_and_recovery() {
+    let reasons = |prev: Option<&Decision>, next: &Decision| {
+        notices(prev, next)
+            .iter()
+            .map(|n| n.reason)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(reasons(None, &decision(0, 0, 0)), Vec::<&str>::new());
+    assert_eq!(reasons(None, &decision(2, 0, 0)), ["ScaledUp"]);
+    assert_eq!(
+        reasons(Some(&decision(2, 0, 0)), &decision(2, 0, 0)),
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        reasons(Some(&decision(2, 0, 0)), &decision(1, 0, 0)),
+        ["ScaledDown"]
+    );
+    assert_eq!(
+        reasons(Some(&decision(2, 0, 0)), &decision(0, 0, 0)),
+        ["ScaledToZero"]
+    );
+    assert_eq!(
+        reasons(Some(&decision(2, 0, 0)), &decision(2, 2, 2)),
+        ["SpotFallback"]
+    );
+    assert_eq!(
+        reasons(Some(&decision(2, 2, 2)), &decision(2, 0, 0)),
+        ["SpotRecovered"]
+    );
+    assert_eq!(
+        reasons(Some(&decision(1, 0, 0)), &decision(3, 1, 1)),
+        ["ScaledUp", "SpotFallback"]
+    );
+    let fallback = &notices(Some(&decision(2, 0, 0)), &decision(2, 2, 2))[0];
+    assert!(fallback.warning);
+}

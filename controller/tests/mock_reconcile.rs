@@ -1,0 +1,413 @@
+//! The reconciler against kube's mock API service: the exact requests and bodies of a first
+//! reconcile, a scale decision, the finaliser's add and delete paths.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use serde_json::json;
+use tidal_controller::deployment::{build, WorkerConfig};
+use tidal_controller::reconcile::reconcile;
+use tidal_controller::Error;
+use tidal_crds::Model;
+use tidal_queue::{Broker, CapacityType, Job, ModelState, ResponseEvent};
+use uuid::Uuid;
+
+const NS: &str = "default";
+const NAME: &str = "qwen-0-5b";
+const ID: &str = "default/qwen-0-5b";
+
+fn cfg() -> WorkerConfig {
+    WorkerConfig {
+        queue_url: "redis://redis:6379".into(),
+        key_prefix: None,
+    }
+}
+
+fn model_path() -> String {
+    format!("/apis/tidal.dev/v1alpha1/namespaces/{NS}/models/{NAME}")
+}
+
+fn job() -> Job {
+    Job {
+        id: Uuid::now_v7(),
+        tenant: "t1".into(),
+        model: ID.into(),
+        body: json!({"prompt": "hi", "max_tokens": 4}),
+        enqueued_at_ms: T0 * 1000,
+        deadline_ms: (T0 + 3600) * 1000,
+        resume: None,
+    }
+}
+
+fn apply_query() -> Vec<(&'static str, &'static str)> {
+    vec![("fieldManager", "tidal-controller"), ("force", "true")]
+}
+
+/// Answers the two server-side applies of a full reconcile, checking them.
+async fn expect_applies(h: &mut Harness, m: &Model, spot: u32, on_demand: u32) {
+    let src = m.spec.source().unwrap();
+    for (cap, suffix, replicas) in [
+        (CapacityType::Spot, "spot", spot),
+        (CapacityType::OnDemand, "ondemand", on_demand),
+    ] {
+        let r = next(&mut h.handle).await;
+        assert_eq!(r.method, "PATCH");
+        assert_eq!(
+            r.path,
+            format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-{suffix}")
+        );
+        assert_eq!(r.query_pairs(), apply_query());
+        assert_eq!(r.content_type, "application/apply-patch+yaml");
+        let want = serde_json::to_value(build(m, &src, cap, replicas, &cfg())).unwrap();
+        assert_eq!(r.body, want);
+        assert_eq!(r.body["apiVersion"], "apps/v1");
+        assert_eq!(r.body["kind"], "Deployment");
+        assert_eq!(r.body["spec"]["replicas"], json!(replicas));
+        assert_eq!(r.body["metadata"]["ownerReferences"][0]["kind"], "Model");
+        assert_eq!(r.body["metadata"]["ownerReferences"][0]["controller"], true);
+        r.echo();
+    }
+}
+
+/// Answers the status apply and returns its `status`.
+async fn expect_status(h: &mut Harness, m: &Model) -> serde_json::Value {
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.method, "PATCH");
+    assert_eq!(r.path, format!("{}/status", model_path()));
+    assert_eq!(r.query_pairs(), apply_query());
+    assert_eq!(r.content_type, "application/apply-patch+yaml");
+    assert_eq!(r.body["apiVersion"], "tidal.dev/v1alpha1");
+    assert_eq!(r.body["kind"], "Model");
+    assert_eq!(
+        r.body.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["apiVersion", "kind", "status"]
+    );
+    let status = r.body["status"].clone();
+    r.reply(200, &serde_json::to_value(m).unwrap());
+    status
+}
+
+fn deployment_in_cluster(m: &Model, cap: CapacityType, replicas: u32) -> Deployment {
+    let mut d = build(m, &m.spec.source().unwrap(), cap, replicas, &cfg());
+    d.metadata.resource_version = Some("7".into());
+    d
+}
+
+#[tokio::test]
+async fn first_reconcile_applies_both_deployments_then_a_scale_patches_only_replicas() {
+    let mut h = Harness::new("first").await;
+    let m = Arc::new(model("small", true));
+
+    // --- first reconcile: nothing queued
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &m, 0, 0).await;
+    let status = expect_status(&mut h, &m).await;
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(2))
+    );
+    assert_eq!(status["phase"], "ScaledToZero");
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(status["spot"], json!({"desired": 0, "ready": 0}));
+    assert_eq!(status["onDemand"], json!({"desired": 0, "ready": 0}));
+    assert_eq!(status["backlog"], 0);
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+
+    let record = h.broker.model(ID).await.unwrap().unwrap();
+    assert_eq!(record.state, ModelState::ScaledToZero);
+    assert_eq!(record.prices.output_per_mtok_micros, 80_000);
+    assert_eq!(record.max_queue_wait_ms, 120_000);
+    let versions = h.ledger.price_versions(Some(ID)).await.unwrap();
+    assert_eq!(versions.len(), 1);
+    assert_eq!(versions[0].prices.input_per_m, 20_000);
+    assert_eq!(versions[0].prices.cached_input_per_m, 10_000);
+
+    // --- the Deployments exist; five requests arrive
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
+    for _ in 0..5 {
+        h.broker.enqueue(&job()).await.unwrap();
+    }
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+
+    // OnDemand mode, 5 queued, 4 per replica: 2 on-demand replicas, spot untouched.
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.method, "PATCH");
+    assert_eq!(
+        r.path,
+        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
+    );
+    assert_eq!(r.query_pairs(), [("fieldManager", "tidal-controller")]);
+    assert_eq!(r.content_type, "application/merge-patch+json");
+    assert_eq!(r.body, json!({"spec": {"replicas": 2}}));
+    r.reply(
+        200,
+        &serde_json::to_value(deployment_in_cluster(&m, CapacityType::OnDemand, 2)).unwrap(),
+    );
+
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.method, "POST");
+    assert_eq!(
+        ev.path,
+        format!("/apis/events.k8s.io/v1/namespaces/{NS}/events")
+    );
+    assert_eq!(ev.body["reason"], "ScaledUp");
+    assert_eq!(ev.body["type"], "Normal");
+    assert_eq!(ev.body["regarding"]["kind"], "Model");
+    assert_eq!(ev.body["regarding"]["name"], NAME);
+    assert_eq!(ev.body["reportingController"], "tidal-controller");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+
+    let status = expect_status(&mut h, &m).await;
+    assert_eq!(
+        task.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(2))
+    );
+    assert_eq!(status["phase"], "Starting");
+    assert_eq!(status["onDemand"], json!({"desired": 2, "ready": 0}));
+    assert_eq!(status["backlog"], 5);
+    assert_eq!(status["lastRequestTime"], "2026-11-30T12:00:02Z");
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    assert_eq!(
+        h.broker.model(ID).await.unwrap().unwrap().state,
+        ModelState::Starting
+    );
+
+    // --- nothing changed: no request at all
+    h.advance(Duration::from_secs(2));
+    let mut d = deployment_in_cluster(&m, CapacityType::OnDemand, 2);
+    d.metadata.resource_version = Some("8".into());
+    h.add_deployment(d);
+    let action = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    // the status changes only in lastRequestTime
+    let status = expect_status(&mut h, &m).await;
+    assert_eq!(status["lastRequestTime"], "2026-11-30T12:00:04Z");
+    assert_eq!(
+        action.await.unwrap().unwrap(),
+        Action::requeue(Duration::from_secs(2))
+    );
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn a_new_model_gets_the_finaliser_first() {
+    let mut h = Harness::new("finaliser").await;
+    let m = Arc::new(model("small", false));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.method, "PATCH");
+    assert_eq!(r.path, model_path());
+    assert_eq!(r.content_type, "application/json-patch+json");
+    assert_eq!(
+        r.body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["tidal.dev/cleanup"]}
+        ])
+    );
+    r.reply(200, &serde_json::to_value(model("small", true)).unwrap());
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
+fn deleting(m: &mut Model) {
+    m.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(T0 as i64).unwrap()));
+}
+
+async fn expect_deletes(h: &mut Harness, spot_status: u16) {
+    for (suffix, code) in [("spot", spot_status), ("ondemand", 200)] {
+        let r = next(&mut h.handle).await;
+        assert_eq!(r.method, "DELETE");
+        assert_eq!(
+            r.path,
+            format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-{suffix}")
+        );
+        assert_eq!(r.body["propagationPolicy"], "Background");
+        if code == 404 {
+            r.reply(404, &status_error(404, "NotFound"));
+        } else {
+            r.reply(200, &status_error(200, "Success"));
+        }
+    }
+}
+
+async fn expect_finaliser_removed(h: &mut Harness, m: &Model) {
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.method, "PATCH");
+    assert_eq!(r.path, model_path());
+    assert_eq!(r.content_type, "application/json-patch+json");
+    assert_eq!(
+        r.body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": "tidal.dev/cleanup"},
+            {"op": "remove", "path": "/metadata/finalizers/0"}
+        ])
+    );
+    let mut gone = m.clone();
+    gone.metadata.finalizers = None;
+    r.reply(200, &serde_json::to_value(gone).unwrap());
+}
+
+fn assert_failed_for_deletion(events: &[ResponseEvent]) {
+    match events {
+        [ResponseEvent::Error {
+            seq: 1,
+            status: 404,
+            code,
+            ..
+        }] => assert_eq!(code, "model_not_found"),
+        other => panic!("unexpected response events {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn delete_withdraws_queued_jobs_purges_and_removes_the_finaliser() {
+    let mut h = Harness::new("delete").await;
+    let mut m = model("small", true);
+    deleting(&mut m);
+    let m = Arc::new(m);
+    h.broker
+        .put_model(&tidal_queue::ModelRecord {
+            id: ID.into(),
+            state: ModelState::Ready,
+            prices: tidal_queue::Prices {
+                currency: "USD".into(),
+                input_per_mtok_micros: 1,
+                cached_input_per_mtok_micros: 1,
+                output_per_mtok_micros: 1,
+            },
+            max_queue_wait_ms: 1,
+            backlog_cap: 1,
+            context_length: 0,
+        })
+        .await
+        .unwrap();
+    let jobs = [job(), job()];
+    for j in &jobs {
+        h.broker.enqueue(j).await.unwrap();
+    }
+
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_deletes(&mut h, 404).await;
+    expect_finaliser_removed(&mut h, &m).await;
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+
+    assert_eq!(h.broker.model(ID).await.unwrap(), None);
+    for j in &jobs {
+        let events = h
+            .broker
+            .read_responses(j.id, 0, 10, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_failed_for_deletion(&events);
+    }
+    let depth = h.broker.depth(ID).await.unwrap();
+    assert_eq!((depth.backlog, depth.in_flight), (0, 0));
+}
+
+#[tokio::test]
+async fn delete_waits_for_in_flight_jobs_until_the_drain_deadline() {
+    let mut h = Harness::new("delete-drain").await;
+    let mut m = model("small", true);
+    deleting(&mut m);
+    let m = Arc::new(m);
+    let running = job();
+    h.broker.enqueue(&running).await.unwrap();
+    let claimed = h
+        .broker
+        .claim(ID, "worker-1", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+
+    // within drainTimeoutSeconds (30) + grace (30): the finaliser waits
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_deletes(&mut h, 200).await;
+    match task.await.unwrap() {
+        Err(Error::Draining { in_flight: 1, .. }) => {}
+        other => panic!("expected Draining, got {other:?}"),
+    }
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+
+    // past the deadline: the job is taken over and failed, then the finaliser goes
+    h.advance(Duration::from_secs(61));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_deletes(&mut h, 404).await;
+    expect_finaliser_removed(&mut h, &m).await;
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    let events = h
+        .broker
+        .read_responses(running.id, 0, 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_failed_for_deletion(&events);
+}
+
+#[tokio::test]
+async fn invalid_spec_reports_and_waits_for_a_change() {
+    let mut h = Harness::new("invalid").await;
+    let mut m = model("small", true);
+    m.spec.scaling.min_replicas = 5; // above maxReplicas 3
+    let m = Arc::new(m);
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.method, "POST");
+    assert_eq!(ev.body["reason"], "InvalidSpec");
+    assert_eq!(ev.body["type"], "Warning");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    let status = expect_status(&mut h, &m).await;
+    assert_eq!(status["phase"], "Degraded");
+    assert_eq!(status["conditions"][0]["type"], "SpecValid");
+    assert_eq!(status["conditions"][0]["status"], "False");
+    assert!(status["conditions"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("minReplicas (5) is greater than maxReplicas (3)"));
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn a_reconcile_within_the_tick_reuses_the_decision() {
+    let mut h = Harness::new("same-tick").await;
+    let m = Arc::new(model("small", true));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &m, 0, 0).await;
+    expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
+    for _ in 0..5 {
+        h.broker.enqueue(&job()).await.unwrap();
+    }
+    // a Deployment event 1 s later: no new decision, so no scale patch yet
+    h.advance(Duration::from_secs(1));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let status = expect_status(&mut h, &m).await;
+    assert_eq!(status["onDemand"]["desired"], 0);
+    assert_eq!(status["backlog"], 5);
+    task.await.unwrap().unwrap();
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    // the next tick decides
+    h.advance(Duration::from_secs(1));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.body, json!({"spec": {"replicas": 2}}));
+    r.echo();
+    let ev = next(&mut h.handle).await;
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+}

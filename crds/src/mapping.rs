@@ -1,0 +1,217 @@
+//! Pure translations of a `Model`'s spec into what other crates consume: the autoscaler's
+//! [`ScalingSpec`], the weights' [`Source`], and the checks that
+//! the schema's CEL rules also make (for clusters and tools that do not run CEL).
+
+use std::time::Duration;
+
+use thiserror::Error;
+use tidal_autoscaler::{CapacityMode as PolicyMode, ScalingSpec, SpecError, StableAggregate};
+
+use crate::spec::{CapacityMode, ModelSpec, StableAggregate as SpecAggregate};
+
+/// Why a spec cannot be acted on.
+#[derive(Debug, Error, PartialEq)]
+pub enum InvalidSpec {
+    /// The scaling section is inconsistent.
+    #[error(transparent)]
+    Scaling(#[from] SpecError),
+    /// The model source is malformed.
+    #[error("source: {0}")]
+    Source(String),
+    /// `baseOnDemandReplicas` above `maxReplicas`.
+    #[error("baseOnDemandReplicas ({base}) is greater than maxReplicas ({max})")]
+    BaseAboveMax {
+        /// baseOnDemandReplicas
+        base: u32,
+        /// maxReplicas
+        max: u32,
+    },
+    /// A price is negative.
+    #[error("pricing: {0} must not be negative")]
+    NegativePrice(&'static str),
+}
+
+/// Where the weights come from, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file inside the worker's image (or a volume it mounts).
+    File {
+        /// Absolute path.
+        path: String,
+    },
+    /// A download checked against its SHA-256.
+    Https {
+        /// The URL.
+        url: String,
+        /// Expected lowercase hex SHA-256.
+        sha256: String,
+    },
+    /// A Hugging Face Hub file.
+    HuggingFace {
+        /// `org/repo`.
+        repo: String,
+        /// Path of the file in the repository.
+        file: String,
+        /// Branch, tag or commit.
+        revision: String,
+        /// Expected SHA-256, when given.
+        sha256: Option<String>,
+    },
+}
+
+impl Source {
+    /// The URL a downloader fetches, `None` for a local file.
+    pub fn download_url(&self) -> Option<String> {
+        match self {
+            Source::File { .. } => None,
+            Source::Https { url, .. } => Some(url.clone()),
+            Source::HuggingFace {
+                repo,
+                file,
+                revision,
+                ..
+            } => Some(format!(
+                "https://huggingface.co/{repo}/resolve/{revision}/{file}"
+            )),
+        }
+    }
+
+    /// Expected SHA-256, when known.
+    pub fn sha256(&self) -> Option<&str> {
+        match self {
+            Source::File { .. } => None,
+            Source::Https { sha256, .. } => Some(sha256),
+            Source::HuggingFace { sha256, .. } => sha256.as_deref(),
+        }
+    }
+
+    /// The file name the worker loads (the last path segment).
+    pub fn file_name(&self) -> &str {
+        let path = match self {
+            Source::File { path } => path.as_str(),
+            Source::Https { url, .. } => url.split(['?', '#']).next().unwrap_or(url),
+            Source::HuggingFace { file, .. } => file.as_str(),
+        };
+        path.rsplit('/').next().unwrap_or(path)
+    }
+}
+
+fn is_sha256(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl ModelSpec {
+    /// The scaling and capacity sections as the autoscaling policy reads them, validated.
+    pub fn scaling_spec(&self) -> Result<ScalingSpec, InvalidSpec> {
+        let s = &self.scaling;
+        let c = &self.capacity;
+        let spec = ScalingSpec {
+            min_replicas: s.min_replicas,
+            max_replicas: s.max_replicas,
+            target_in_flight_per_replica: f64::from(s.target_in_flight_per_replica),
+            scale_to_zero_after: secs(s.scale_to_zero_after_seconds),
+            stable_window: secs(s.stable_window_seconds),
+            stable_aggregate: match s.stable_aggregate {
+                SpecAggregate::Mean => StableAggregate::Mean,
+                SpecAggregate::Max => StableAggregate::Max,
+            },
+            panic_window: secs(s.panic_window_seconds),
+            panic_threshold: f64::from(s.panic_threshold_percent) / 100.0,
+            scale_down_delay: secs(s.scale_down_delay_seconds),
+            max_scale_up_rate: s.max_scale_up_rate,
+            max_scale_down_rate: s.max_scale_down_rate,
+            capacity_mode: match c.mode {
+                CapacityMode::Spot => PolicyMode::Spot,
+                CapacityMode::OnDemand => PolicyMode::OnDemand,
+                CapacityMode::SpotWithFallback => PolicyMode::SpotWithFallback,
+            },
+            base_on_demand_replicas: c.base_on_demand_replicas,
+            fallback_after: secs(c.fallback_after_seconds),
+        };
+        spec.validate()?;
+        if c.base_on_demand_replicas > s.max_replicas {
+            return Err(InvalidSpec::BaseAboveMax {
+                base: c.base_on_demand_replicas,
+                max: s.max_replicas,
+            });
+        }
+        Ok(spec)
+    }
+
+    /// The weights' source, parsed and checked.
+    pub fn source(&self) -> Result<Source, InvalidSpec> {
+        let src = &self.source;
+        let bad = |m: String| Err(InvalidSpec::Source(m));
+        if let Some(sha) = &src.sha256 {
+            if !is_sha256(sha) {
+                return bad(format!("sha256 {sha:?} is not 64 lowercase hex digits"));
+            }
+        }
+        let uri = src.uri.as_str();
+        if let Some(path) = uri.strip_prefix("file://") {
+            if !path.starts_with('/') || path.len() < 2 {
+                return bad(format!("{uri:?} is not an absolute file:// path"));
+            }
+            return Ok(Source::File { path: path.into() });
+        }
+        if let Some(rest) = uri.strip_prefix("https://") {
+            if !rest.contains('/') || rest.starts_with('/') {
+                return bad(format!("{uri:?} has no host and path"));
+            }
+            return match &src.sha256 {
+                Some(sha) => Ok(Source::Https {
+                    url: uri.into(),
+                    sha256: sha.clone(),
+                }),
+                None => bad(format!("{uri:?} needs sha256")),
+            };
+        }
+        if let Some(rest) = uri.strip_prefix("hf://") {
+            let mut parts = rest.splitn(3, '/');
+            let (Some(org), Some(repo), Some(file)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return bad(format!("{uri:?} is not hf://org/repo/file"));
+            };
+            if org.is_empty() || repo.is_empty() || file.is_empty() || file.ends_with('/') {
+                return bad(format!("{uri:?} is not hf://org/repo/file"));
+            }
+            return Ok(Source::HuggingFace {
+                repo: format!("{org}/{repo}"),
+                file: file.into(),
+                revision: src.revision.clone().unwrap_or_else(|| "main".into()),
+                sha256: src.sha256.clone(),
+            });
+        }
+        bad(format!("{uri:?}: expected file://, https:// or hf://"))
+    }
+
+    /// Every check the reconciler needs before acting.
+    pub fn validate(&self) -> Result<ScalingSpec, InvalidSpec> {
+        self.source()?;
+        for (field, v) in [
+            (
+                "inputPerMillionMicros",
+                self.pricing.input_per_million_micros,
+            ),
+            (
+                "cachedInputPerMillionMicros",
+                self.pricing.cached_input_per_million_micros,
+            ),
+            (
+                "outputPerMillionMicros",
+                self.pricing.output_per_million_micros,
+            ),
+        ] {
+            if v < 0 {
+                return Err(InvalidSpec::NegativePrice(field));
+            }
+        }
+        self.scaling_spec()
+    }
+}
+
+fn secs(s: u32) -> Duration {
+    Duration::from_secs(u64::from(s))
+}

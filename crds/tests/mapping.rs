@@ -1,0 +1,156 @@
+//! The spec → policy mapping and the source parser.
+
+use std::time::Duration;
+
+use tidal_autoscaler::{CapacityMode as P, ScalingSpec, SpecError, StableAggregate as A};
+use tidal_crds::{CapacityMode, InvalidSpec, Model, ModelSpec, Source, StableAggregate};
+
+fn spec() -> ModelSpec {
+    let m: Model =
+        serde_yaml::from_str(include_str!("../examples/llama-spot-fallback.yaml")).unwrap();
+    m.spec
+}
+
+#[test]
+fn scaling_maps_every_field() {
+    let got = spec().scaling_spec().unwrap();
+    assert_eq!(
+        got,
+        ScalingSpec {
+            min_replicas: 0,
+            max_replicas: 8,
+            target_in_flight_per_replica: 16.0,
+            scale_to_zero_after: Duration::from_secs(600),
+            stable_window: Duration::from_secs(120),
+            stable_aggregate: A::Max,
+            panic_window: Duration::from_secs(12),
+            panic_threshold: 2.0,
+            scale_down_delay: Duration::from_secs(300),
+            max_scale_up_rate: 2.0,
+            max_scale_down_rate: 2.0,
+            capacity_mode: P::SpotWithFallback,
+            base_on_demand_replicas: 0,
+            fallback_after: Duration::from_secs(60),
+        }
+    );
+}
+
+#[test]
+fn defaults_match_the_policy_defaults() {
+    let mut s = spec();
+    s.scaling = Default::default();
+    s.capacity = Default::default();
+    assert_eq!(s.scaling_spec().unwrap(), ScalingSpec::default());
+}
+
+#[test]
+fn modes_and_aggregates_map() {
+    let mut s = spec();
+    for (mode, want) in [
+        (CapacityMode::Spot, P::Spot),
+        (CapacityMode::OnDemand, P::OnDemand),
+        (CapacityMode::SpotWithFallback, P::SpotWithFallback),
+    ] {
+        s.capacity.mode = mode;
+        assert_eq!(s.scaling_spec().unwrap().capacity_mode, want);
+    }
+    s.scaling.stable_aggregate = StableAggregate::Mean;
+    assert_eq!(s.scaling_spec().unwrap().stable_aggregate, A::Mean);
+}
+
+#[test]
+fn inconsistent_scaling_is_rejected() {
+    let mut s = spec();
+    s.scaling.min_replicas = 9;
+    assert_eq!(
+        s.scaling_spec(),
+        Err(InvalidSpec::Scaling(SpecError::MinAboveMax {
+            min: 9,
+            max: 8
+        }))
+    );
+    let mut s = spec();
+    s.scaling.panic_window_seconds = 121;
+    assert_eq!(
+        s.scaling_spec(),
+        Err(InvalidSpec::Scaling(SpecError::PanicWindow))
+    );
+    let mut s = spec();
+    s.capacity.base_on_demand_replicas = 9;
+    assert_eq!(
+        s.scaling_spec(),
+        Err(InvalidSpec::BaseAboveMax { base: 9, max: 8 })
+    );
+    let mut s = spec();
+    s.scaling.max_scale_down_rate = 0.5;
+    assert!(matches!(
+        s.scaling_spec(),
+        Err(InvalidSpec::Scaling(SpecError::RateBelowOne { .. }))
+    ));
+    let mut s = spec();
+    s.pricing.input_per_million_micros = -1;
+    assert_eq!(
+        s.validate(),
+        Err(InvalidSpec::NegativePrice("inputPerMillionMicros"))
+    );
+}
+
+fn source(uri: &str, sha: Option<&str>) -> Result<Source, InvalidSpec> {
+    let mut s = spec();
+    s.source.uri = uri.into();
+    s.source.sha256 = sha.map(String::from);
+    s.source.revision = None;
+    s.source()
+}
+
+const SHA: &str = "647a2b64cbcdbe670432d0502ebb2592b36dd364d51a9ef7a1387b7e3e4b8b8a";
+
+#[test]
+fn sources_parse() {
+    assert_eq!(
+        source("file:///models/a.gguf", None),
+        Ok(Source::File {
+            path: "/models/a.gguf".into()
+        })
+    );
+    let https = source("https://h.example/x/a.gguf?sig=1", Some(SHA)).unwrap();
+    assert_eq!(
+        https.download_url().as_deref(),
+        Some("https://h.example/x/a.gguf?sig=1")
+    );
+    assert_eq!(https.file_name(), "a.gguf");
+    assert_eq!(https.sha256(), Some(SHA));
+    let hf = source("hf://org/repo/sub/dir/m.gguf", None).unwrap();
+    assert_eq!(
+        hf,
+        Source::HuggingFace {
+            repo: "org/repo".into(),
+            file: "sub/dir/m.gguf".into(),
+            revision: "main".into(),
+            sha256: None,
+        }
+    );
+    assert_eq!(
+        hf.download_url().as_deref(),
+        Some("https://huggingface.co/org/repo/resolve/main/sub/dir/m.gguf")
+    );
+    assert_eq!(hf.file_name(), "m.gguf");
+}
+
+#[test]
+fn bad_sources_are_rejected() {
+    for (uri, sha) in [
+        ("https://h.example/a.gguf", None),
+        ("https://h.example/a.gguf", Some("abc")),
+        ("file://relative.gguf", None),
+        ("hf://org/repo", None),
+        ("hf://org//file", None),
+        ("s3://bucket/a.gguf", None),
+        ("https:///a.gguf", Some(SHA)),
+    ] {
+        assert!(
+            matches!(source(uri, sha), Err(InvalidSpec::Source(_))),
+            "{uri} {sha:?}"
+        );
+    }
+}

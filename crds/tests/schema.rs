@@ -1,0 +1,207 @@
+//! The generated CRD: the committed YAML is current, the schema is structural and validates,
+//! and the example manifests pass it.
+
+use serde_json::{json, Value};
+use tidal_crds::{crd, crd_yaml, Model};
+
+const EXAMPLES: [(&str, &str); 3] = [
+    (
+        "llama-spot-fallback.yaml",
+        include_str!("../examples/llama-spot-fallback.yaml"),
+    ),
+    (
+        "small-cpu-ondemand.yaml",
+        include_str!("../examples/small-cpu-ondemand.yaml"),
+    ),
+    (
+        "https-spot-with-base.yaml",
+        include_str!("../examples/https-spot-with-base.yaml"),
+    ),
+];
+
+fn schema() -> Value {
+    let crd = serde_json::to_value(crd()).unwrap();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+fn validator() -> jsonschema::Validator {
+    jsonschema::validator_for(&schema()).unwrap()
+}
+
+fn manifest(text: &str) -> Value {
+    serde_yaml::from_str(text).unwrap()
+}
+
+fn errors(v: &Value) -> Vec<String> {
+    validator()
+        .iter_errors(v)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect()
+}
+
+#[test]
+fn committed_crd_matches_the_generated_one() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/model.yaml");
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    let generated = crd_yaml().unwrap();
+    if committed != generated {
+        if std::env::var_os("TIDAL_UPDATE_CRD").is_some() {
+            std::fs::write(path, &generated).unwrap();
+        }
+        panic!("crds/model.yaml is stale: run `tidal crd > crds/model.yaml` (or this test with TIDAL_UPDATE_CRD=1)");
+    }
+}
+
+#[test]
+fn crd_has_group_version_status_and_printer_columns() {
+    let crd = serde_json::to_value(crd()).unwrap();
+    assert_eq!(crd["metadata"]["name"], "models.tidal.dev");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    let v = &crd["spec"]["versions"][0];
+    assert_eq!(v["name"], "v1alpha1");
+    assert!(v["subresources"]["status"].is_object());
+    let columns: Vec<(&str, &str)> = v["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap(), c["jsonPath"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ("Phase", ".status.phase"),
+            ("Ready", ".status.readyReplicas"),
+            ("Spot", ".status.spot.ready"),
+            ("On-Demand", ".status.onDemand.ready"),
+            ("Backlog", ".status.backlog"),
+            ("Age", ".metadata.creationTimestamp"),
+        ]
+    );
+}
+
+/// Kubernetes rejects non-structural schemas: every node needs a type (or
+/// x-kubernetes-int-or-string / x-kubernetes-preserve-unknown-fields), and no $ref, anyOf
+/// with types, or additionalProperties next to properties.
+fn assert_structural(node: &Value, path: &str) {
+    let obj = node
+        .as_object()
+        .unwrap_or_else(|| panic!("{path} is not an object"));
+    assert!(!obj.contains_key("$ref"), "{path} has $ref");
+    let typed = obj.contains_key("type")
+        || obj.contains_key("x-kubernetes-int-or-string")
+        || obj.contains_key("x-kubernetes-preserve-unknown-fields");
+    assert!(typed, "{path} has no type: {node}");
+    assert!(
+        !(obj.contains_key("properties") && obj.contains_key("additionalProperties")),
+        "{path} has properties and additionalProperties"
+    );
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            assert_structural(v, &format!("{path}.{k}"));
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        assert_structural(items, &format!("{path}[]"));
+    }
+    if let Some(ap) = obj.get("additionalProperties").filter(|v| v.is_object()) {
+        assert_structural(ap, &format!("{path}{{}}"));
+    }
+}
+
+#[test]
+fn schema_is_structural() {
+    assert_structural(&schema(), "");
+}
+
+#[test]
+fn schema_carries_validation() {
+    let s = schema();
+    let spec = &s["properties"]["spec"];
+    let required: Vec<&str> = spec["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for field in ["source", "runtime", "pricing"] {
+        assert!(
+            required.contains(&field),
+            "{field} not required: {required:?}"
+        );
+    }
+    let scaling = &spec["properties"]["scaling"];
+    assert_eq!(
+        scaling["properties"]["maxReplicas"]["minimum"].as_f64(),
+        Some(1.0)
+    );
+    assert_eq!(
+        scaling["properties"]["maxReplicas"]["maximum"].as_f64(),
+        Some(1000.0)
+    );
+    let rules: Vec<&str> = scaling["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert!(
+        rules.contains(&"self.minReplicas <= self.maxReplicas"),
+        "{rules:?}"
+    );
+    let mode = &spec["properties"]["capacity"]["properties"]["mode"];
+    assert_eq!(
+        mode["enum"],
+        json!(["Spot", "OnDemand", "SpotWithFallback"])
+    );
+    let source_rules = &spec["properties"]["source"]["x-kubernetes-validations"];
+    assert!(source_rules.to_string().contains("has(self.sha256)"));
+    let phase = &s["properties"]["status"]["properties"]["phase"];
+    assert_eq!(
+        phase["enum"],
+        json!(["ScaledToZero", "Starting", "Ready", "Degraded"])
+    );
+}
+
+#[test]
+fn examples_pass_the_schema_and_the_controller_checks() {
+    for (name, text) in EXAMPLES {
+        let v = manifest(text);
+        assert_eq!(errors(&v), Vec::<String>::new(), "{name}");
+        let model: Model = serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        model
+            .spec
+            .validate()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn schema_rejects_bad_manifests() {
+    let base = manifest(EXAMPLES[1].1);
+    let bad = |f: &dyn Fn(&mut Value)| {
+        let mut v = base.clone();
+        f(&mut v);
+        errors(&v)
+    };
+    assert!(!bad(&|v| v["spec"]["scaling"]["maxReplicas"] = json!(0)).is_empty());
+    assert!(!bad(&|v| v["spec"]["scaling"]["maxReplicas"] = json!(1001)).is_empty());
+    assert!(!bad(&|v| v["spec"]["capacity"]["mode"] = json!("Cheap")).is_empty());
+    assert!(!bad(&|v| v["spec"]["source"]["uri"] = json!("s3://bucket/m.gguf")).is_empty());
+    assert!(!bad(&|v| v["spec"]["source"]["sha256"] = json!("ABC")).is_empty());
+    assert!(!bad(&|v| v["spec"]["pricing"]["outputPerMillionMicros"] = json!(-1)).is_empty());
+    assert!(!bad(&|v| v["spec"]["pricing"]["currency"] = json!("usd")).is_empty());
+    assert!(!bad(&|v| v["spec"]["runtime"]["quantisation"] = json!("q2_k")).is_empty());
+    assert!(!bad(&|v| v["spec"]["runtime"]["kvCacheMemory"] = json!("lots")).is_empty());
+    assert!(!bad(&|v| v["spec"]["drainTimeoutSeconds"] = json!(0)).is_empty());
+    assert!(!bad(&|v| {
+        v["spec"].as_object_mut().unwrap().remove("pricing");
+    })
+    .is_empty());
+    assert!(!bad(&|v| {
+        v["spec"]["runtime"]
+            .as_object_mut()
+            .unwrap()
+            .remove("image");
+    })
+    .is_empty());
+}

@@ -1,0 +1,155 @@
+//! The [`Gateway`]: shared state of every route, built from a broker, a ledger and a rate
+//! limiter, so `tidal gateway` (Redis, Postgres) and `tidal up` (in process, SQLite) differ
+//! only in what they pass in.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tidal_billing::ledger::RateLimits;
+use tidal_billing::{Ledger, Principal};
+use tidal_queue::{Broker, ModelRecord};
+
+use crate::cache::TtlCache;
+use crate::config::GatewayConfig;
+use crate::error::Reject;
+use crate::limits::RateLimiter;
+
+/// What the gateway knows about a tenant for admission, cached for `cache_ttl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Policy {
+    pub limits: RateLimits,
+    pub budget_exhausted: bool,
+}
+
+/// State shared by all routes and in-flight requests.
+pub(crate) struct Shared {
+    pub broker: Arc<dyn Broker>,
+    pub ledger: Ledger,
+    pub limiter: Arc<dyn RateLimiter>,
+    pub config: GatewayConfig,
+    /// Verified keys by SHA-256 of the presented secret.
+    pub keys: TtlCache<[u8; 32], Principal>,
+    /// Tenant policies by tenant id.
+    pub policies: TtlCache<String, Policy>,
+    /// Model records by id (only models that exist: an unknown one is asked for each time).
+    pub models: TtlCache<String, ModelRecord>,
+    /// Set when the process is stopping: requests still in flight are left running (their
+    /// clients reattach through another replica) instead of being cancelled.
+    pub detached: AtomicBool,
+}
+
+impl Shared {
+    /// Now, in ms since the epoch, from the configured clock.
+    pub fn now_ms(&self) -> u64 {
+        self.config.clock.now_ms()
+    }
+
+    /// The tenant's limits and budget state (cached; a stale entry is used while the ledger
+    /// is unreachable).
+    pub async fn policy(&self, principal: &Principal) -> Result<Policy, Reject> {
+        let tenant = &principal.tenant;
+        if let Some(p) = self.policies.fresh(tenant) {
+            return Ok(p);
+        }
+        let now = chrono::DateTime::from_timestamp_millis(self.now_ms() as i64)
+            .unwrap_or_else(chrono::Utc::now);
+        let fetched = async {
+            let limits = self.ledger.rate_limits(tenant).await?;
+            let budget = self.ledger.budget_status(principal, tenant, now).await?;
+            Ok::<_, tidal_billing::Error>(Policy {
+                limits,
+                budget_exhausted: budget.exhausted,
+            })
+        }
+        .await;
+        match fetched {
+            Ok(p) => {
+                self.policies.put(tenant.clone(), p);
+                Ok(p)
+            }
+            Err(e) if e.is_transient() => self.policies.stale(tenant).ok_or_else(|| e.into()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether in-flight requests should be left running when their client goes away.
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::SeqCst)
+    }
+}
+
+/// The public API: cheap to clone, one per process (or several sharing a broker).
+#[derive(Clone)]
+pub struct Gateway {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway over `broker` (jobs, responses, model records), `ledger` (keys, budgets,
+    /// limits, request owners) and `limiter` (rate-limit counters).
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        ledger: Ledger,
+        limiter: Arc<dyn RateLimiter>,
+        config: GatewayConfig,
+    ) -> Self {
+        let ttl = config.cache_ttl;
+        Gateway {
+            shared: Arc::new(Shared {
+                broker,
+                ledger,
+                limiter,
+                config,
+                keys: TtlCache::new(ttl),
+                policies: TtlCache::new(ttl),
+                models: TtlCache::new(ttl),
+                detached: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Every route (see [`crate::route_table`]), with request ids and tracing spans.
+    pub fn router(&self) -> Router {
+        crate::routes::router(self.shared.clone())
+    }
+
+    /// Call when the process is about to stop: from now on, a request whose connection is
+    /// dropped is left running instead of cancelled, so its client can reattach
+    /// (`GET /v1/requests/{id}/events`) through another replica or after the restart.
+    pub fn detach_in_flight(&self) {
+        self.shared.detached.store(true, Ordering::SeqCst);
+    }
+
+    /// Forgets request records older than `request_retention`, every `every`, until the
+    /// returned task is aborted.
+    pub fn spawn_pruner(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let cutoff_ms = shared
+                    .now_ms()
+                    .saturating_sub(shared.config.request_retention.as_millis() as u64);
+                let Some(cutoff) = chrono::DateTime::from_timestamp_millis(cutoff_ms as i64) else {
+                    continue;
+                };
+                match shared.ledger.prune_requests(cutoff).await {
+                    Ok(n) if n > 0 => tracing::info!(pruned = n, "old request records pruned"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "pruning request records failed"),
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,280 @@
+//! One enqueued request as the gateway follows it: reads its response stream in order,
+//! enforces the model's max queue wait, and cleans up however the request ends.
+//!
+//! Lifecycle (design.md, "Broker protocol"): `Queued` until the first response event (or
+//! until a withdraw at the deadline learns the job already started), then `Started`, then
+//! `Finished` after the terminal event was delivered, or after the request was withdrawn or
+//! given up. Dropping a [`Tracked`] that is not `Finished` (client disconnected: hyper drops
+//! the handler future or the SSE body) withdraws the job if it has not started, else sets
+//! its cancel flag; either way its records go. When the gateway is stopping
+//! ([`crate::Gateway::detach_in_flight`]) nothing is cancelled: the client may reattach.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tidal_protocol::ApiError;
+use tidal_queue::{EntryId, ResponseEvent, Withdrawal};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::error::Reject;
+use crate::gateway::Shared;
+use crate::metrics;
+
+/// Events read per broker call.
+const READ_BATCH: usize = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Queued,
+    Started,
+    Finished,
+}
+
+/// A request in the queue or running, followed through its response stream.
+pub(crate) struct Tracked {
+    shared: Arc<Shared>,
+    pub id: Uuid,
+    pub tenant: String,
+    pub model: String,
+    entry: EntryId,
+    /// ms since the epoch; 0: no deadline.
+    deadline_ms: u64,
+    phase: Phase,
+    last_seq: u64,
+    buf: VecDeque<ResponseEvent>,
+    /// When we began waiting (for the queue-wait metric).
+    since: Instant,
+    last_event: Instant,
+}
+
+impl Tracked {
+    /// Follows request `id`, whose job sits at `entry` of `model`'s stream, from after
+    /// `after_seq`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shared: Arc<Shared>,
+        id: Uuid,
+        tenant: String,
+        model: String,
+        entry: EntryId,
+        deadline_ms: u64,
+        after_seq: u64,
+    ) -> Self {
+        metrics::in_flight(1.0);
+        let now = Instant::now();
+        Tracked {
+            shared,
+            id,
+            tenant,
+            model,
+            entry,
+            deadline_ms,
+            phase: Phase::Queued,
+            last_seq: after_seq,
+            buf: VecDeque::new(),
+            since: now,
+            last_event: now,
+        }
+    }
+
+    /// The gateway state this request belongs to.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The next response event in order. A terminal event (`done`/`error`) finishes the
+    /// request: its stream and record are removed in the background.
+    ///
+    /// Errors: 503 + Retry-After when the max queue wait passed and the job was withdrawn;
+    /// 504 when a started request went silent for `idle_timeout`; 503 when the broker kept
+    /// failing for `broker_retry`. Each of these also finishes the request.
+    pub async fn next(&mut self) -> Result<ResponseEvent, Reject> {
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            if let Some(ev) = self.buf.pop_front() {
+                self.last_seq = ev.seq();
+                if ev.is_terminal() {
+                    self.finish();
+                }
+                return Ok(ev);
+            }
+            if self.phase == Phase::Finished {
+                return Err(ApiError::internal("the response stream already ended").into());
+            }
+            let cfg = &self.shared.config;
+            let now_ms = self.shared.now_ms();
+            if self.phase == Phase::Queued && self.deadline_ms > 0 && now_ms >= self.deadline_ms {
+                match self
+                    .shared
+                    .broker
+                    .withdraw(&self.model, self.id, &self.entry)
+                    .await
+                {
+                    Ok(Withdrawal::Withdrawn) => {
+                        metrics::queue_wait(&self.model, self.since.elapsed());
+                        metrics::withdrawn(&self.model);
+                        tracing::info!(model = %self.model, "max queue wait passed; job withdrawn");
+                        self.finish();
+                        return Err(Reject::retry(
+                            ApiError::unavailable(format!(
+                                "No worker of model `{}` started this request within its maximum queue wait; it was withdrawn and will not run. Retry later.",
+                                self.model
+                            )),
+                            1,
+                        ));
+                    }
+                    Ok(Withdrawal::AlreadyStarted) => {
+                        self.mark_started();
+                        continue;
+                    }
+                    Err(e) => {
+                        self.broker_failed(&mut failing_since, e).await?;
+                        continue;
+                    }
+                }
+            }
+            let mut block = cfg.read_block;
+            if self.phase == Phase::Queued && self.deadline_ms > 0 {
+                let left = Duration::from_millis(self.deadline_ms.saturating_sub(now_ms));
+                block = block.min(left).max(Duration::from_millis(1));
+            }
+            match self
+                .shared
+                .broker
+                .read_responses(self.id, self.last_seq, READ_BATCH, block)
+                .await
+            {
+                Ok(events) => {
+                    failing_since = None;
+                    let fresh: Vec<_> = events
+                        .into_iter()
+                        .filter(|e| e.seq() > self.last_seq)
+                        .collect();
+                    if !fresh.is_empty() {
+                        if self.phase == Phase::Queued {
+                            metrics::queue_wait(&self.model, self.since.elapsed());
+                            self.mark_started();
+                        }
+                        self.last_event = Instant::now();
+                        self.buf.extend(fresh);
+                    } else if self.phase == Phase::Started
+                        && self.last_event.elapsed() >= cfg.idle_timeout
+                    {
+                        tracing::warn!(model = %self.model, "started request went silent; cancelling");
+                        self.abandon();
+                        return Err(ApiError::new(
+                            504,
+                            Some("worker_timeout".into()),
+                            None,
+                            "The worker serving this request stopped responding.",
+                        )
+                        .into());
+                    }
+                }
+                Err(e) => self.broker_failed(&mut failing_since, e).await?,
+            }
+        }
+    }
+
+    fn mark_started(&mut self) {
+        if self.phase == Phase::Queued {
+            self.phase = Phase::Started;
+            self.last_event = Instant::now();
+        }
+    }
+
+    /// Retries a failing broker with a short pause, up to `broker_retry`; then gives up.
+    async fn broker_failed(
+        &mut self,
+        since: &mut Option<Instant>,
+        e: tidal_queue::QueueError,
+    ) -> Result<(), Reject> {
+        let first = *since.get_or_insert_with(Instant::now);
+        if first.elapsed() >= self.shared.config.broker_retry {
+            tracing::error!(error = %e, "broker unavailable; giving up on the request");
+            self.abandon();
+            return Err(Reject::from(e));
+        }
+        tracing::warn!(error = %e, "broker read failed; retrying");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Ok(())
+    }
+
+    /// The request ended normally (terminal event delivered, or withdrawn): forget its
+    /// response stream and record in the background.
+    pub fn finish(&mut self) {
+        if self.phase == Phase::Finished {
+            return;
+        }
+        self.phase = Phase::Finished;
+        metrics::in_flight(-1.0);
+        let (shared, id) = (self.shared.clone(), self.id);
+        tokio::spawn(async move {
+            if let Err(e) = shared.broker.delete_responses(id).await {
+                tracing::debug!(error = %e, %id, "deleting a delivered response stream failed (it expires)");
+            }
+            if let Err(e) = shared.ledger.forget_request(id).await {
+                tracing::debug!(error = %e, %id, "forgetting a request record failed (it is pruned)");
+            }
+        });
+    }
+
+    /// Stops the request (client gone, or given up): withdraw it if it has not started,
+    /// else cancel it; then forget it.
+    fn abandon(&mut self) {
+        if self.phase == Phase::Finished {
+            return;
+        }
+        let queued = self.phase == Phase::Queued;
+        self.phase = Phase::Finished;
+        metrics::in_flight(-1.0);
+        let shared = self.shared.clone();
+        let (id, model, entry) = (self.id, self.model.clone(), self.entry.clone());
+        tokio::spawn(async move {
+            let started = if queued {
+                match shared.broker.withdraw(&model, id, &entry).await {
+                    Ok(Withdrawal::Withdrawn) => {
+                        metrics::withdrawn(&model);
+                        false
+                    }
+                    Ok(Withdrawal::AlreadyStarted) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %id, "withdrawing an abandoned job failed; cancelling");
+                        true
+                    }
+                }
+            } else {
+                true
+            };
+            if started {
+                match shared.broker.cancel(id).await {
+                    Ok(()) => metrics::cancelled(&model),
+                    Err(e) => tracing::warn!(error = %e, %id, "cancelling an abandoned job failed"),
+                }
+            }
+            let _ = shared.broker.delete_responses(id).await;
+            let _ = shared.ledger.forget_request(id).await;
+            tracing::info!(%id, started, "client gone; job stopped");
+        });
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if self.phase == Phase::Finished {
+            return;
+        }
+        if self.shared.is_detached() {
+            metrics::in_flight(-1.0);
+            tracing::info!(id = %self.id, "gateway stopping; request left running for reattachment");
+            return;
+        }
+        // Drop runs inside the runtime (hyper drops futures and bodies on its tasks); the
+        // cleanup is spawned, as nothing can be awaited here.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.abandon();
+        }
+    }
+}

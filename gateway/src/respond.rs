@@ -1,0 +1,220 @@
+//! Response events → OpenAI bodies: one JSON body, or an SSE stream whose chunks carry
+//! `id: <seq>` (so a client can reattach from the last one it saw) and end with
+//! `data: [DONE]`.
+//!
+//! Nothing is sent before the first response event arrives, so a request refused by its
+//! worker (an `error` event first) or withdrawn after its max queue wait still gets a proper
+//! HTTP status. After that, an `error` event becomes an error chunk (OpenAI's
+//! `{"error": {...}}`) followed by `[DONE]`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use tidal_protocol::render::ResponseMeta;
+use tidal_protocol::usage::Usage;
+use tidal_protocol::ApiError;
+use tidal_queue::{FinishReason, ResponseEvent};
+use tracing::Instrument;
+
+use crate::error::Reject;
+use crate::relay::Tracked;
+
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+fn usage(u: tidal_queue::Usage) -> Usage {
+    Usage::new(
+        u.prompt_tokens as usize,
+        u.cached_prompt_tokens as usize,
+        u.completion_tokens as usize,
+    )
+}
+
+/// The client-facing error of an `error` event.
+pub(crate) fn event_error(
+    status: u16,
+    code: String,
+    param: Option<String>,
+    message: String,
+) -> ApiError {
+    // A status outside 4xx/5xx cannot be sent as an error; treat it as ours.
+    let status = if (400..600).contains(&status) {
+        status
+    } else {
+        500
+    };
+    ApiError::new(status, Some(code), param, message)
+}
+
+/// Counts a finished request's tokens against its tenant's tokens/min limit.
+async fn count_tokens(tracked: &Tracked, u: &tidal_queue::Usage) {
+    let tokens = u.prompt_tokens + u.completion_tokens;
+    if let Err(e) = tracked
+        .shared()
+        .limiter
+        .record_tokens(&tracked.tenant, tokens)
+        .await
+    {
+        crate::metrics::limiter_failed();
+        tracing::warn!(error = %e, "counting tokens failed");
+    }
+}
+
+/// Reads the whole response and answers with one JSON body.
+pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<Response, Reject> {
+    let mut text = String::new();
+    loop {
+        match tracked.next().await? {
+            ResponseEvent::Delta { text: t, .. } => text.push_str(&t),
+            ResponseEvent::Done {
+                finish_reason,
+                usage: u,
+                ..
+            } => {
+                count_tokens(&tracked, &u).await;
+                let body = meta.whole(text, None, finish_str(finish_reason), usage(u));
+                return Ok(Json(body).into_response());
+            }
+            ResponseEvent::Error {
+                status,
+                code,
+                param,
+                message,
+                ..
+            } => return Err(event_error(status, code, param, message).into()),
+        }
+    }
+}
+
+struct StreamState {
+    tracked: Tracked,
+    meta: ResponseMeta,
+    include_usage: bool,
+    pending: VecDeque<Event>,
+    ended: bool,
+}
+
+fn data(v: &serde_json::Value) -> Event {
+    Event::default().data(v.to_string())
+}
+
+impl StreamState {
+    /// Queues the SSE events of one response event.
+    async fn push(&mut self, ev: ResponseEvent) {
+        let id = ev.seq().to_string();
+        match ev {
+            ResponseEvent::Delta { text, .. } => {
+                // A token that decodes to nothing yet (part of a UTF-8 sequence) sends nothing.
+                if !text.is_empty() {
+                    self.pending
+                        .push_back(data(&self.meta.delta_chunk(text, None)).id(id));
+                }
+            }
+            ResponseEvent::Done {
+                finish_reason,
+                usage: u,
+                ..
+            } => {
+                count_tokens(&self.tracked, &u).await;
+                self.pending
+                    .push_back(data(&self.meta.finish_chunk(finish_str(finish_reason))).id(id));
+                if self.include_usage {
+                    self.pending
+                        .push_back(data(&self.meta.usage_chunk(usage(u))));
+                }
+                self.pending.push_back(Event::default().data("[DONE]"));
+                self.ended = true;
+            }
+            ResponseEvent::Error {
+                status,
+                code,
+                param,
+                message,
+                ..
+            } => {
+                let e = event_error(status, code, param, message);
+                self.pending.push_back(data(&e.body()).id(id));
+                self.pending.push_back(Event::default().data("[DONE]"));
+                self.ended = true;
+            }
+        }
+    }
+}
+
+/// Waits for the first event, then answers with an SSE stream. `role_chunk`: open a chat
+/// stream with the assistant-role chunk (not when resuming mid-stream).
+pub(crate) async fn stream(
+    mut tracked: Tracked,
+    meta: ResponseMeta,
+    include_usage: bool,
+    role_chunk: bool,
+) -> Result<Response, Reject> {
+    let first = tracked.next().await?;
+    if let ResponseEvent::Error {
+        status,
+        code,
+        param,
+        message,
+        ..
+    } = first
+    {
+        return Err(event_error(status, code, param, message).into());
+    }
+    let mut pending = VecDeque::new();
+    if role_chunk {
+        if let Some(chunk) = meta.role_chunk() {
+            pending.push_back(data(&chunk));
+        }
+    }
+    let mut state = StreamState {
+        tracked,
+        meta,
+        include_usage,
+        pending,
+        ended: false,
+    };
+    state.push(first).await;
+    let span = tracing::Span::current();
+    Ok(Sse::new(sse_events(state, span))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+fn sse_events(
+    state: StreamState,
+    span: tracing::Span,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::unfold(Some(state), move |state| {
+        let span = span.clone();
+        async move {
+            let mut st = state?;
+            loop {
+                if let Some(ev) = st.pending.pop_front() {
+                    return Some((ev, Some(st)));
+                }
+                if st.ended {
+                    return None;
+                }
+                match st.tracked.next().await {
+                    Ok(ev) => st.push(ev).await,
+                    Err(reject) => {
+                        // Headers are gone: report in-band, then end the stream.
+                        st.pending.push_back(data(&reject.error.body()));
+                        st.pending.push_back(Event::default().data("[DONE]"));
+                        st.ended = true;
+                    }
+                }
+            }
+        }
+        .instrument(span)
+    })
+    .map(Ok)
+}

@@ -1,0 +1,127 @@
+//! `GET /v1/requests/{id}/events`: reattach to a request's response stream (after a dropped
+//! connection or a gateway restart), from the event after `Last-Event-ID` or `?after=`.
+//!
+//! Only the tenant that sent the request can: another tenant's id, an unknown id and a
+//! request already delivered in full all answer 404. The answer is an SSE stream in the
+//! shape of the original endpoint's chunks, whether or not the original asked for one.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tidal_protocol::render::ResponseMeta;
+use tidal_protocol::ApiError;
+use uuid::Uuid;
+
+use super::REQUEST_ID_HEADER;
+use crate::error::Reject;
+use crate::gateway::Shared;
+use crate::relay::Tracked;
+use crate::{auth, respond};
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct EventsQuery {
+    after: Option<String>,
+}
+
+fn seq(param: &str, v: &str) -> Result<u64, Reject> {
+    v.trim().parse().map_err(|_| {
+        ApiError::invalid(
+            param,
+            format!("`{param}` must be a non-negative integer (an event id), got {v:?}"),
+        )
+        .into()
+    })
+}
+
+/// Where to resume: `?after=` wins over `Last-Event-ID`; neither means from the start.
+fn after_seq(q: &EventsQuery, headers: &HeaderMap) -> Result<u64, Reject> {
+    if let Some(a) = &q.after {
+        return seq("after", a);
+    }
+    match headers.get("last-event-id") {
+        None => Ok(0),
+        Some(v) => seq(
+            "Last-Event-ID",
+            v.to_str()
+                .map_err(|_| ApiError::invalid("Last-Event-ID", "not visible ASCII"))?,
+        ),
+    }
+}
+
+pub(super) async fn events(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Response {
+    let r = async {
+        let principal = auth::principal(&shared, &headers).await?;
+        let Query(q) = q.map_err(|e| ApiError::bad_request(format!("bad query string: {e}")))?;
+        let after = after_seq(&q, &headers)?;
+        let not_found = || {
+            Reject::from(ApiError::not_found(
+                "request_not_found",
+                format!("No request {id} of yours is waiting to be delivered."),
+            ))
+        };
+        let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+        let rec = shared
+            .ledger
+            .owned_request(&principal.tenant, id)
+            .await?
+            .ok_or_else(not_found)?;
+        tracing::Span::current().record("tenant", principal.tenant.as_str());
+        tracing::Span::current().record("model", rec.model.as_str());
+        tracing::info!(request = %id, after, "client reattached");
+        let tracked = Tracked::new(
+            shared.clone(),
+            id,
+            rec.tenant,
+            rec.model.clone(),
+            rec.entry_id,
+            rec.deadline_ms,
+            after,
+        );
+        let meta = ResponseMeta::new(
+            rec.endpoint,
+            &id.simple().to_string(),
+            rec.created_at.timestamp().max(0) as u64,
+            rec.model,
+        );
+        let mut resp = respond::stream(tracked, meta, rec.include_usage, after == 0).await?;
+        if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+        }
+        Ok::<_, Reject>(resp)
+    };
+    r.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(after: Option<&str>) -> EventsQuery {
+        EventsQuery {
+            after: after.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn resume_point() {
+        let mut h = HeaderMap::new();
+        assert_eq!(after_seq(&q(None), &h).unwrap(), 0);
+        h.insert("last-event-id", HeaderValue::from_static("7"));
+        assert_eq!(after_seq(&q(None), &h).unwrap(), 7);
+        assert_eq!(after_seq(&q(Some("3")), &h).unwrap(), 3, "query wins");
+        let e = after_seq(&q(Some("x")), &h).unwrap_err();
+        assert_eq!((e.status(), e.error.param.as_deref()), (400, Some("after")));
+        h.insert("last-event-id", HeaderValue::from_static("-1"));
+        let e = after_seq(&q(None), &h).unwrap_err();
+        assert_eq!(e.error.param.as_deref(), Some("Last-Event-ID"));
+    }
+}

@@ -1,0 +1,121 @@
+//! The ledger's gateway tables (rate limits, request owners) on PostgreSQL and SQLite.
+
+use chrono::{Duration, Utc};
+use tidal_billing::ledger::{RateLimits, RequestRecord};
+use tidal_billing::scratch::{ScratchDb, DEFAULT_SERVER_URL};
+use tidal_billing::{Error, Ledger};
+use tidal_protocol::render::Endpoint;
+use uuid::Uuid;
+
+async fn exercise(ledger: &Ledger) {
+    let now = Utc::now();
+    ledger.create_tenant("acme", "Acme", now).await.unwrap();
+    ledger.create_tenant("beta", "Beta", now).await.unwrap();
+    assert_eq!(
+        ledger.rate_limits("acme").await.unwrap(),
+        RateLimits::default()
+    );
+    let l = RateLimits {
+        requests_per_min: Some(60),
+        tokens_per_min: Some(100_000),
+    };
+    ledger.set_rate_limits("acme", l).await.unwrap();
+    assert_eq!(ledger.rate_limits("acme").await.unwrap(), l);
+    let l2 = RateLimits {
+        requests_per_min: None,
+        tokens_per_min: Some(5),
+    };
+    ledger.set_rate_limits("acme", l2).await.unwrap();
+    assert_eq!(ledger.rate_limits("acme").await.unwrap(), l2);
+    assert!(matches!(
+        ledger.set_rate_limits("nobody", l).await,
+        Err(Error::NotFound(_))
+    ));
+    assert!(matches!(
+        ledger.rate_limits("nobody").await,
+        Err(Error::NotFound(_))
+    ));
+    let bad = RateLimits {
+        requests_per_min: Some(0),
+        tokens_per_min: None,
+    };
+    assert!(matches!(
+        ledger.set_rate_limits("acme", bad).await,
+        Err(Error::Invalid(_))
+    ));
+    let all = ledger.tenant_settings().await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!((all[0].tenant.id.as_str(), all[0].limits), ("acme", l2));
+    assert_eq!(all[1].limits, RateLimits::default());
+
+    let id = Uuid::now_v7();
+    let rec = RequestRecord {
+        id,
+        tenant: "acme".into(),
+        model: "ns/m".into(),
+        entry_id: "1-0".into(),
+        endpoint: Endpoint::Chat,
+        include_usage: true,
+        deadline_ms: 1_800_000_000_000,
+        created_at: chrono::DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap(),
+    };
+    ledger.record_request(&rec).await.unwrap();
+    assert!(ledger.record_request(&rec).await.is_err(), "ids are unique");
+    assert_eq!(
+        ledger.owned_request("acme", id).await.unwrap(),
+        Some(rec.clone())
+    );
+    assert_eq!(
+        ledger.owned_request("beta", id).await.unwrap(),
+        None,
+        "tenant-scoped"
+    );
+    assert_eq!(
+        ledger.owned_request("acme", Uuid::now_v7()).await.unwrap(),
+        None
+    );
+    assert!(ledger.forget_request(id).await.unwrap());
+    assert!(!ledger.forget_request(id).await.unwrap());
+    let old = RequestRecord {
+        id: Uuid::now_v7(),
+        created_at: now - Duration::days(2),
+        endpoint: Endpoint::Completion,
+        ..rec.clone()
+    };
+    ledger.record_request(&old).await.unwrap();
+    ledger
+        .record_request(&RequestRecord {
+            id: Uuid::now_v7(),
+            ..rec
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger
+            .prune_requests(now - Duration::days(1))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(ledger.owned_request("acme", old.id).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn gateway_tables_on_sqlite() {
+    let db = ScratchDb::sqlite("gw-ledger");
+    let ledger = Ledger::connect(&db.url).await.unwrap();
+    exercise(&ledger).await;
+    ledger.close().await;
+    db.drop_db().await.unwrap();
+}
+
+#[tokio::test]
+async fn gateway_tables_on_postgres() {
+    let server =
+        std::env::var("TIDAL_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_SERVER_URL.to_string());
+    let db = ScratchDb::postgres(&server, "gw_ledger").await.unwrap();
+    let ledger = Ledger::connect(&db.url).await.unwrap();
+    exercise(&ledger).await;
+    ledger.close().await;
+    db.drop_db().await.unwrap();
+}

@@ -1,0 +1,265 @@
+//! The three weight block formats our matmul runs, as one trait so every kernel is written
+//! once and compiled per format. Each block of 32 weights is `d · q + m` with integer `q`:
+//!
+//! | format | bytes | q | m |
+//! | --- | --- | --- | --- |
+//! | Q4_0 | f16 d, 16 nibble bytes | 0..=15 | −8·d |
+//! | Q4_1 | f16 d, f16 m, 16 nibble bytes | 0..=15 | m |
+//! | Q8_0 | f16 d, 32 signed bytes | −128..=127 | 0 |
+//!
+//! So against Q8_1 activations (`x ≈ d8 · q8`, `s8 = d8 · Σ q8`) a block's dot product is
+//! `d · d8 · Σ q·q8 + m · s8` for all three, as in ggml's `vec_dot_q4_0_q8_0`,
+//! `vec_dot_q4_1_q8_1` and `vec_dot_q8_0_q8_0`.
+
+use super::q4_1::{f16_at, QK};
+
+/// Which of the formats: the public name of a [`Format`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl QuantType {
+    /// Every format.
+    pub const ALL: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+
+    /// Bytes of one block of 32 weights.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantType::Q4_0 => Q4_0::BLOCK_BYTES,
+            QuantType::Q4_1 => Q4_1::BLOCK_BYTES,
+            QuantType::Q8_0 => Q8_0::BLOCK_BYTES,
+        }
+    }
+
+    /// Bytes of a row of `k` weights.
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 32.
+    pub fn row_bytes(self, k: usize) -> usize {
+        assert!(
+            k.is_multiple_of(QK),
+            "{self:?} rows hold whole blocks of {QK} values, not {k}"
+        );
+        k / QK * self.block_bytes()
+    }
+
+    /// Dequantises whole blocks `w` into `out` (32 values per block).
+    ///
+    /// # Panics
+    /// If `w` is not whole blocks or `out` does not hold 32 values per block.
+    pub fn dequantize(self, w: &[u8], out: &mut [f32]) {
+        match self {
+            QuantType::Q4_0 => super::q4_0::dequantize_q4_0(w, out),
+            QuantType::Q4_1 => super::q4_1::dequantize_q4_1(w, out),
+            QuantType::Q8_0 => super::q8_0::dequantize_q8_0(w, out),
+        }
+    }
+}
+
+/// A block format, as a type: the kernels are generic over it.
+pub(crate) trait Format: Copy + Send + Sync + 'static {
+    /// Bytes of one block.
+    const BLOCK_BYTES: usize;
+    /// Whether `q` is signed (Q8_0): the AVX2 kernels then need the sign trick, since
+    /// `maddubs` multiplies unsigned by signed bytes.
+    const SIGNED: bool;
+    /// Whether `m` can be non-zero.
+    const HAS_OFFSET: bool;
+
+    /// `(d, m)` of block `wb`.
+    fn scales(wb: &[u8]) -> (f32, f32);
+
+    /// `Σ q·q8` over the block.
+    fn isum(wb: &[u8], q8: &[i8; QK]) -> i32;
+
+    /// `(d, m)` of the block at `wb`, with F16C.
+    ///
+    /// # Safety
+    /// F16C available; `wb..wb + BLOCK_BYTES` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn scales_f16c(wb: *const u8) -> (f32, f32);
+
+    /// The block's 32 `q` as bytes in weight order (unsigned for Q4, signed for Q8_0).
+    ///
+    /// # Safety
+    /// AVX2 available; `wb..wb + BLOCK_BYTES` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn unpack(wb: *const u8) -> std::arch::x86_64::__m256i;
+}
+
+/// `Σ nibble·q8` of a Q4 block's 16 nibble bytes.
+#[inline(always)]
+fn nibble_isum(qs: &[u8], q8: &[i8; QK]) -> i32 {
+    let mut sum = 0i32;
+    for j in 0..QK / 2 {
+        sum += (qs[j] & 0x0F) as i32 * q8[j] as i32 + (qs[j] >> 4) as i32 * q8[j + QK / 2] as i32;
+    }
+    sum
+}
+
+/// The 32 nibbles of 16 bytes at `p` as bytes: low nibbles (weights 0..16) then high.
+///
+/// # Safety
+/// AVX2 available; 16 bytes readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn unpack_nibbles(p: *const u8) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: 16 readable bytes; loadu has no alignment requirement.
+    unsafe {
+        let packed = _mm_loadu_si128(p as *const __m128i);
+        let hi = _mm_srli_epi16::<4>(packed);
+        _mm256_and_si256(_mm256_set_m128i(hi, packed), _mm256_set1_epi8(0x0F))
+    }
+}
+
+/// One f16 at `p` as f32, with F16C.
+///
+/// # Safety
+/// F16C available; 2 bytes readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn f16_f16c(p: *const u8) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: 2 readable bytes.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+/// ggml `block_q4_0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q4_0;
+
+/// ggml `block_q4_1`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q4_1;
+
+/// ggml `block_q8_0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q8_0;
+
+impl Format for Q4_0 {
+    const BLOCK_BYTES: usize = 18;
+    const SIGNED: bool = false;
+    const HAS_OFFSET: bool = true;
+
+    #[inline(always)]
+    fn scales(wb: &[u8]) -> (f32, f32) {
+        let d = f16_at(wb, 0);
+        (d, -8.0 * d)
+    }
+
+    #[inline(always)]
+    fn isum(wb: &[u8], q8: &[i8; QK]) -> i32 {
+        nibble_isum(&wb[2..18], q8)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_f16c(wb: *const u8) -> (f32, f32) {
+        // SAFETY: by the caller's contract.
+        let d = unsafe { f16_f16c(wb) };
+        (d, -8.0 * d)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn unpack(wb: *const u8) -> std::arch::x86_64::__m256i {
+        // SAFETY: the nibbles are bytes 2..18 of the block.
+        unsafe { unpack_nibbles(wb.add(2)) }
+    }
+}
+
+impl Format for Q4_1 {
+    const BLOCK_BYTES: usize = 20;
+    const SIGNED: bool = false;
+    const HAS_OFFSET: bool = true;
+
+    #[inline(always)]
+    fn scales(wb: &[u8]) -> (f32, f32) {
+        (f16_at(wb, 0), f16_at(wb, 2))
+    }
+
+    #[inline(always)]
+    fn isum(wb: &[u8], q8: &[i8; QK]) -> i32 {
+        nibble_isum(&wb[4..20], q8)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_f16c(wb: *const u8) -> (f32, f32) {
+        use std::arch::x86_64::*;
+        // SAFETY: d and m are adjacent f16s: both converted by one F16C instruction.
+        unsafe {
+            let bits = (wb as *const i32).read_unaligned();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+            (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)))
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn unpack(wb: *const u8) -> std::arch::x86_64::__m256i {
+        // SAFETY: the nibbles are bytes 4..20 of the block.
+        unsafe { unpack_nibbles(wb.add(4)) }
+    }
+}
+
+impl Format for Q8_0 {
+    const BLOCK_BYTES: usize = 34;
+    const SIGNED: bool = true;
+    const HAS_OFFSET: bool = false;
+
+    #[inline(always)]
+    fn scales(wb: &[u8]) -> (f32, f32) {
+        (f16_at(wb, 0), 0.0)
+    }
+
+    #[inline(always)]
+    fn isum(wb: &[u8], q8: &[i8; QK]) -> i32 {
+        wb[2..34]
+            .iter()
+            .zip(q8)
+            .map(|(&w, &x)| w as i8 as i32 * x as i32)
+            .sum()
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_f16c(wb: *const u8) -> (f32, f32) {
+        // SAFETY: by the caller's contract.
+        (unsafe { f16_f16c(wb) }, 0.0)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn unpack(wb: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        // SAFETY: the 32 values are bytes 2..34 of the block.
+        unsafe { _mm256_loadu_si256(wb.add(2) as *const __m256i) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_match_ggml() {
+        assert_eq!(QuantType::Q4_0.block_bytes(), 18);
+        assert_eq!(QuantType::Q4_1.block_bytes(), 20);
+        assert_eq!(QuantType::Q8_0.block_bytes(), 34);
+        assert_eq!(QuantType::Q8_0.row_bytes(64), 68);
+    }
+
+    #[test]
+    #[should_panic(expected = "whole blocks")]
+    fn rejects_partial_rows() {
+        QuantType::Q4_0.row_bytes(33);
+    }
+}

@@ -1,0 +1,169 @@
+//! The batched quantised matmul on AVX2: weight rows against activation panels (see
+//! [`super::panel`]), after llama.cpp's repacked `ggml_gemm_q4_0_8x8_q8_0`.
+//!
+//! For one weight block, its 32 `q` are unpacked once (in registers) and each group of four
+//! is broadcast to all eight lanes (`shuffle_epi32`); one `maddubs` against the panel's
+//! matching 32 bytes gives that group's products for eight activation rows. Eight groups
+//! accumulate in i16 (8 · 2 · 15 · 127 < 2¹⁵) for the Q4 formats before one `madd` widens them,
+//! then one FMA applies `d · d8` for all eight rows. So the per-(row, block) scale and
+//! horizontal-sum work of the row dot products is shared eight ways, and each weight block is
+//! read and unpacked once per pair of panels (16 rows) instead of once per row.
+
+use std::arch::x86_64::*;
+
+use super::format::Format;
+use super::panel::{PanelBlock, PANEL_ROWS};
+
+/// Panels per tile: the tile's activations (64 rows · k bytes and scales) stay in L2 while
+/// every weight row of a task passes over them.
+const TILE_PANELS: usize = 8;
+
+/// `out_t[j * m + i] = w_j · x_i` for the `rows` weight rows in `w` and all `m` activation
+/// rows in `panels` (`m.div_ceil(8)` panels of `nb` blocks).
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `w` is `rows` rows of `nb` blocks of `F`; `panels` holds
+/// `m.div_ceil(8) * nb` blocks; `out_t` is `rows * m` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm<F: Format>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    panels: &[PanelBlock],
+    m: usize,
+    out_t: &mut [f32],
+) {
+    let row_bytes = nb * F::BLOCK_BYTES;
+    debug_assert_eq!(w.len(), rows * row_bytes);
+    debug_assert_eq!(panels.len(), m.div_ceil(PANEL_ROWS) * nb);
+    debug_assert_eq!(out_t.len(), rows * m);
+    let n_panels = m.div_ceil(PANEL_ROWS);
+    let panel = |p: usize| &panels[p * nb..(p + 1) * nb];
+    for t0 in (0..n_panels).step_by(TILE_PANELS) {
+        let t1 = (t0 + TILE_PANELS).min(n_panels);
+        for j in 0..rows {
+            let wr = &w[j * row_bytes..(j + 1) * row_bytes];
+            let o = &mut out_t[j * m..(j + 1) * m];
+            let mut p = t0;
+            while p + 2 <= t1 {
+                // SAFETY: features by contract; wr is nb blocks, each panel nb blocks.
+                let r = unsafe { row_panels::<F, 2>(wr, [panel(p), panel(p + 1)]) };
+                store(o, p, r[0]);
+                store(o, p + 1, r[1]);
+                p += 2;
+            }
+            if p < t1 {
+                // SAFETY: as above.
+                let r = unsafe { row_panels::<F, 1>(wr, [panel(p)]) };
+                store(o, p, r[0]);
+            }
+        }
+    }
+}
+
+/// Writes the lanes of panel `p` that are real rows (`o` is indexed by activation row).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store(o: &mut [f32], p: usize, v: __m256) {
+    let first = p * PANEL_ROWS;
+    if first + PANEL_ROWS <= o.len() {
+        // SAFETY: 8 floats from `first` are inside `o`.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(first), v) };
+    } else {
+        let mut lanes = [0.0f32; PANEL_ROWS];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        let n = o.len() - first;
+        o[first..].copy_from_slice(&lanes[..n]);
+    }
+}
+
+/// Broadcasts 32-bit element `S / 0x55` of each 128-bit half to its whole half.
+#[inline(always)]
+fn group<const S: i32>(v: __m256i) -> __m256i {
+    // SAFETY: only reached from target_feature(avx2) functions (inlined there).
+    unsafe { _mm256_shuffle_epi32::<S>(v) }
+}
+
+/// One weight row against `P` panels: lane `l` of result `p` is the dot product with
+/// activation row `8p + l`.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `wr` is whole blocks of `F`; each panel holds as many.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_panels<F: Format, const P: usize>(wr: &[u8], panels: [&[PanelBlock]; P]) -> [__m256; P] {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); P];
+    let nb = wr.len() / F::BLOCK_BYTES;
+    for b in 0..nb {
+        // SAFETY: block b is inside wr.
+        let wb = unsafe { wr.as_ptr().add(b * F::BLOCK_BYTES) };
+        // SAFETY: features and bounds by contract.
+        let (q, (d, m)) = unsafe { (F::unpack(wb), F::scales_f16c(wb)) };
+        // Groups 0..4 live in the low 128 bits, 4..8 in the high: copy each half to both.
+        let lo = _mm256_permute2x128_si256::<0x00>(q, q);
+        let hi = _mm256_permute2x128_si256::<0x11>(q, q);
+        let mut isum = [_mm256_setzero_si256(); P];
+        let pb: [&PanelBlock; P] = std::array::from_fn(|p| &panels[p][b]);
+        // SAFETY: each panel block's qs rows are 32 readable bytes.
+        let x = |p: usize, s: usize| unsafe {
+            _mm256_load_si256(pb[p].qs[s].as_ptr() as *const __m256i)
+        };
+        if F::SIGNED {
+            // Sign trick per group; i16 pairs reach 2 · 128 · 127, so widen every group.
+            let (alo, ahi) = (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi));
+            let steps: [(__m256i, __m256i); 8] = [
+                (group::<0x00>(lo), group::<0x00>(alo)),
+                (group::<0x55>(lo), group::<0x55>(alo)),
+                (group::<0xAA>(lo), group::<0xAA>(alo)),
+                (group::<0xFF>(lo), group::<0xFF>(alo)),
+                (group::<0x00>(hi), group::<0x00>(ahi)),
+                (group::<0x55>(hi), group::<0x55>(ahi)),
+                (group::<0xAA>(hi), group::<0xAA>(ahi)),
+                (group::<0xFF>(hi), group::<0xFF>(ahi)),
+            ];
+            for (s, (ws, wa)) in steps.into_iter().enumerate() {
+                for p in 0..P {
+                    let prod = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x(p, s), ws));
+                    isum[p] = _mm256_add_epi32(isum[p], _mm256_madd_epi16(prod, ones));
+                }
+            }
+        } else {
+            let steps: [__m256i; 8] = [
+                group::<0x00>(lo),
+                group::<0x55>(lo),
+                group::<0xAA>(lo),
+                group::<0xFF>(lo),
+                group::<0x00>(hi),
+                group::<0x55>(hi),
+                group::<0xAA>(hi),
+                group::<0xFF>(hi),
+            ];
+            let mut s16 = [_mm256_setzero_si256(); P];
+            for (s, ws) in steps.into_iter().enumerate() {
+                for p in 0..P {
+                    s16[p] = _mm256_add_epi16(s16[p], _mm256_maddubs_epi16(ws, x(p, s)));
+                }
+            }
+            for p in 0..P {
+                isum[p] = _mm256_madd_epi16(s16[p], ones);
+            }
+        }
+        let dv = _mm256_set1_ps(d);
+        for p in 0..P {
+            // SAFETY: d and s are 8 floats each, 32-byte aligned inside the panel block.
+            let (pd, ps) = unsafe {
+                (
+                    _mm256_load_ps(pb[p].d.as_ptr()),
+                    _mm256_load_ps(pb[p].s.as_ptr()),
+                )
+            };
+            acc[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[p]), _mm256_mul_ps(dv, pd), acc[p]);
+            if F::HAS_OFFSET {
+                acc[p] = _mm256_fmadd_ps(_mm256_set1_ps(m), ps, acc[p]);
+            }
+        }
+    }
+    acc
+}

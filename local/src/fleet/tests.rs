@@ -1,0 +1,242 @@
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use async_trait::async_trait;
+use tidal_queue::{Job, MemoryBroker, Prices};
+use uuid::Uuid;
+
+use super::*;
+
+/// A worker that "loads" for `load`, then waits for its stop switch.
+struct FakeLauncher {
+    load: Duration,
+    started: AtomicU32,
+    stopped: AtomicU32,
+    fail_first: AtomicU32,
+}
+
+impl FakeLauncher {
+    fn new(load: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            load,
+            started: AtomicU32::new(0),
+            stopped: AtomicU32::new(0),
+            fail_first: AtomicU32::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Launcher for FakeLauncher {
+    async fn run(
+        &self,
+        _model: &str,
+        _name: &str,
+        ready: oneshot::Sender<Duration>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), LaunchError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.load).await;
+        if self
+            .fail_first
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(LaunchError("model file is corrupt".into()));
+        }
+        let _ = ready.send(self.load);
+        let _ = stop.wait_for(|s| *s).await;
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn record(id: &str) -> ModelRecord {
+    ModelRecord {
+        id: id.into(),
+        state: ModelState::ScaledToZero,
+        prices: Prices {
+            currency: "USD".into(),
+            input_per_mtok_micros: 1,
+            cached_input_per_mtok_micros: 1,
+            output_per_mtok_micros: 1,
+        },
+        max_queue_wait_ms: 60_000,
+        backlog_cap: 100,
+        context_length: 2048,
+    }
+}
+
+fn spec(idle: Duration) -> ScalingSpec {
+    ScalingSpec {
+        max_replicas: 2,
+        target_in_flight_per_replica: 4.0,
+        scale_to_zero_after: idle,
+        stable_window: Duration::from_secs(10),
+        panic_window: Duration::from_secs(1),
+        ..ScalingSpec::default()
+    }
+}
+
+fn job(model: &str) -> Job {
+    Job {
+        id: Uuid::now_v7(),
+        tenant: "t".into(),
+        model: model.into(),
+        body: serde_json::json!({}),
+        enqueued_at_ms: 0,
+        deadline_ms: 0,
+        resume: None,
+    }
+}
+
+fn fleet(broker: &Arc<MemoryBroker>, launcher: &Arc<FakeLauncher>, idle: Duration) -> Fleet {
+    Fleet::new(
+        broker.clone(),
+        launcher.clone(),
+        vec![FleetModel {
+            record: record("m"),
+            spec: spec(idle),
+        }],
+        FleetConfig::default(),
+    )
+}
+
+async fn settle() {
+    // Let spawned fake workers run up to their next await point.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn tick(fleet: &mut Fleet) {
+    fleet.tick().await;
+    settle().await;
+}
+
+async fn state(broker: &MemoryBroker) -> ModelState {
+    broker.model("m").await.unwrap().unwrap().state
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_tick_publishes_scaled_to_zero_and_starts_nothing() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_secs(2));
+    let mut fleet = fleet(&broker, &launcher, Duration::from_secs(30));
+    tick(&mut fleet).await;
+    settle().await;
+    assert_eq!(state(&broker).await, ModelState::ScaledToZero);
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 0);
+    let status = fleet.status().snapshot();
+    assert_eq!(status[0].desired, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_starts_a_worker_within_one_tick_then_it_becomes_ready() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_secs(2));
+    let mut fleet = fleet(&broker, &launcher, Duration::from_secs(30));
+    tick(&mut fleet).await;
+    broker.enqueue(&job("m")).await.unwrap();
+    tick(&mut fleet).await;
+    settle().await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&broker).await, ModelState::Starting);
+    assert_eq!(fleet.status().snapshot()[0].starting, 1);
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    assert_eq!(state(&broker).await, ModelState::Ready);
+    let s = &fleet.status().snapshot()[0];
+    assert_eq!((s.ready, s.starting, s.cold_starts), (1, 0, 1));
+    assert_eq!(s.last_cold_start_ms, Some(2000));
+    // Still one worker: one queued request is below the per-replica target.
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_model_scales_to_zero_after_the_idle_time_and_back_up_on_demand() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_millis(500));
+    let idle = Duration::from_secs(30);
+    let mut fleet = fleet(&broker, &launcher, idle);
+    broker.enqueue(&job("m")).await.unwrap();
+    tick(&mut fleet).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    assert_eq!(state(&broker).await, ModelState::Ready);
+
+    // The job is served: claim and ack it.
+    let claimed = broker
+        .claim("m", "w", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    broker.ack(&claimed[0]).await.unwrap();
+
+    // Short of the idle time the worker stays.
+    for _ in 0..25 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tick(&mut fleet).await;
+    }
+    settle().await;
+    assert_eq!(launcher.stopped.load(Ordering::SeqCst), 0);
+    assert_eq!(state(&broker).await, ModelState::Ready);
+
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tick(&mut fleet).await;
+        settle().await;
+    }
+    tick(&mut fleet).await;
+    assert_eq!(launcher.stopped.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&broker).await, ModelState::ScaledToZero);
+    assert_eq!(fleet.status().snapshot()[0].stopping, 0, "stopped worker reaped");
+
+    // The next request brings it back.
+    broker.enqueue(&job("m")).await.unwrap();
+    tick(&mut fleet).await;
+    settle().await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_that_fails_to_load_is_replaced_while_demand_lasts() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_millis(100));
+    launcher.fail_first.store(1, Ordering::SeqCst);
+    let mut fleet = fleet(&broker, &launcher, Duration::from_secs(30));
+    broker.enqueue(&job("m")).await.unwrap();
+    tick(&mut fleet).await;
+    tokio::time::advance(Duration::from_millis(200)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    settle().await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 2, "replacement started");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    assert_eq!(state(&broker).await, ModelState::Ready);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_every_worker_and_publishes_scaled_to_zero() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_millis(100));
+    let fleet = fleet(&broker, &launcher, Duration::from_secs(30));
+    let status = fleet.status();
+    broker.enqueue(&job("m")).await.unwrap();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let run = tokio::spawn(fleet.run(stop_rx));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(status.snapshot()[0].ready, 1);
+    stop_tx.send(true).unwrap();
+    run.await.unwrap();
+    assert_eq!(launcher.stopped.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&broker).await, ModelState::ScaledToZero);
+}
+
+#[test]
+fn worker_names_are_safe_for_any_model_id() {
+    assert_eq!(sanitize("team/smol_lm.2"), "team-smol-lm-2");
+}

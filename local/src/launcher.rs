@@ -1,0 +1,96 @@
+//! The real [`Launcher`]: loads a GGUF model into an engine on a blocking thread and runs a
+//! queue worker on it ([`tidal_runtime::worker::Worker`]); stopping drains the worker and
+//! drops the engine, which frees the KV memory and unmaps the weights.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tidal_queue::Broker;
+use tidal_runtime::engine::EngineConfig;
+use tidal_runtime::load::load_model;
+use tidal_runtime::model::QuantizeTo;
+use tidal_runtime::worker::{Worker, WorkerConfig};
+use tokio::sync::{oneshot, watch};
+
+use crate::fleet::{LaunchError, Launcher};
+
+/// How one model is loaded.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The verified local GGUF file.
+    pub path: PathBuf,
+    /// Engine settings of each worker.
+    pub engine: EngineConfig,
+    /// Re-quantise at load.
+    pub quantize: Option<QuantizeTo>,
+}
+
+/// Starts in-process workers for the models it knows.
+pub struct RuntimeLauncher {
+    broker: Arc<dyn Broker>,
+    models: HashMap<String, LaunchSpec>,
+    drain_timeout: Duration,
+    claim_timeout: Duration,
+}
+
+impl RuntimeLauncher {
+    /// A launcher for `models` (by model id) whose workers serve `broker`.
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        models: HashMap<String, LaunchSpec>,
+        drain_timeout: Duration,
+        claim_timeout: Duration,
+    ) -> Self {
+        Self {
+            broker,
+            models,
+            drain_timeout,
+            claim_timeout,
+        }
+    }
+}
+
+#[async_trait]
+impl Launcher for RuntimeLauncher {
+    async fn run(
+        &self,
+        model: &str,
+        name: &str,
+        ready: oneshot::Sender<Duration>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), LaunchError> {
+        let spec = self
+            .models
+            .get(model)
+            .cloned()
+            .ok_or_else(|| LaunchError(format!("no model `{model}` in this fleet")))?;
+        let started = Instant::now();
+        let load = tokio::task::spawn_blocking(move || {
+            load_model(&spec.path, spec.engine, spec.quantize)
+        });
+        // A stop that arrives while loading abandons the load (the model is dropped as soon
+        // as it is ready).
+        let loaded = tokio::select! {
+            r = load => r
+                .map_err(|e| LaunchError(format!("model load task failed: {e}")))?
+                .map_err(|e| LaunchError(e.to_string()))?,
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        };
+        let mut config = WorkerConfig::new(model, name);
+        config.drain_timeout = self.drain_timeout;
+        config.claim_timeout = self.claim_timeout;
+        let worker = Worker::new(Arc::new(loaded.into_model()), self.broker.clone(), config)
+            .map_err(|e| LaunchError(e.to_string()))?;
+        let _ = ready.send(started.elapsed());
+        let summary = worker
+            .run(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        tracing::info!(model, worker = name, ?summary, "worker drained; model unloaded");
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! Benchmark driver behind `tidal bench worker`: concurrent requests sent through a queue
+//! worker the way the gateway sends them (enqueue a job, read its response stream), so
+//! the queue path can be compared with the engine alone (`crate::bench::concurrency`) on the
+//! same model and load.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tidal_queue::clock::system_now_ms;
+use tidal_queue::{Broker, Job, QueueError, ResponseEvent};
+use uuid::Uuid;
+
+use super::{Worker, WorkerConfig, WorkerError};
+use crate::server::LoadedModel;
+
+/// Why the benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerBenchError {
+    /// The broker failed.
+    #[error("broker: {0}")]
+    Queue(#[from] QueueError),
+    /// The worker refused its settings.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+    /// A request ended with an error event.
+    #[error("request failed: {0}")]
+    Request(String),
+    /// A reader task panicked.
+    #[error("reader task failed")]
+    Reader,
+}
+
+/// Throughput and latency of one batch of requests through a worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerBenchReport {
+    /// Which broker carried them.
+    pub broker: String,
+    /// Requests, all enqueued at once.
+    pub requests: usize,
+    /// Completion tokens received over all requests.
+    pub completion_tokens: u64,
+    /// Response events read (fewer than tokens when deltas were coalesced).
+    pub response_events: u64,
+    /// From the first enqueue to the last `done`.
+    pub wall_time: Duration,
+    /// `completion_tokens / wall_time`.
+    pub aggregate_tokens_per_second: f64,
+    /// Median time from enqueue to the first token.
+    pub median_time_to_first_token: Duration,
+    /// Median time from enqueue to `done`.
+    pub median_latency: Duration,
+}
+
+/// A greedy fixed-length completion job (token prompt, `ignore_eos`) for `model`.
+pub fn fixed_length_job(model: &str, prompt: &[u32], max_tokens: usize) -> Job {
+    let request = serde_json::json!({
+        "kind": "completion",
+        "request": {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": true,
+            "stream": true,
+        }
+    });
+    Job {
+        id: Uuid::now_v7(),
+        tenant: "bench".into(),
+        model: model.into(),
+        body: request,
+        enqueued_at_ms: system_now_ms(),
+        deadline_ms: 0,
+        resume: None,
+    }
+}
+
+struct Timing {
+    first_token: Duration,
+    total: Duration,
+    tokens: u64,
+    events: u64,
+}
+
+async fn read_stream(
+    broker: Arc<dyn Broker>,
+    id: Uuid,
+    started: Instant,
+) -> Result<Timing, WorkerBenchError> {
+    let mut after = 0;
+    let mut first = None;
+    let mut tokens = 0;
+    let mut events = 0;
+    loop {
+        let page = broker
+            .read_responses(id, after, 1000, Duration::from_secs(5))
+            .await?;
+        for ev in page {
+            after = ev.seq();
+            events += 1;
+            match ev {
+                ResponseEvent::Delta { token_ids, .. } => {
+                    if first.is_none() && !token_ids.is_empty() {
+                        first = Some(started.elapsed());
+                    }
+                    tokens += token_ids.len() as u64;
+                }
+                ResponseEvent::Done { .. } => {
+                    let total = started.elapsed();
+                    broker.delete_responses(id).await?;
+                    return Ok(Timing {
+                        first_token: first.unwrap_or(total),
+                        total,
+                        tokens,
+                        events,
+                    });
+                }
+                ResponseEvent::Error { message, .. } => {
+                    return Err(WorkerBenchError::Request(message))
+                }
+            }
+        }
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+/// Enqueues one job per prompt at once (greedy, `max_tokens` each, every token generated),
+/// serves them with a worker on `broker`, and reads every response stream to its end.
+pub async fn bench_worker(
+    model: Arc<LoadedModel>,
+    broker: Arc<dyn Broker>,
+    broker_name: &str,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Result<WorkerBenchReport, WorkerBenchError> {
+    let model_id = format!("bench-{}", Uuid::now_v7());
+    let mut config = WorkerConfig::new(model_id.clone(), "bench-worker");
+    config.max_jobs = Some(prompts.len().max(1));
+    config.claim_block = Duration::from_millis(100);
+    let worker = Worker::new(model, broker.clone(), config)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    let started = Instant::now();
+    let mut readers = Vec::new();
+    for prompt in prompts {
+        let job = fixed_length_job(&model_id, prompt, max_tokens);
+        broker.enqueue(&job).await?;
+        readers.push(tokio::spawn(read_stream(broker.clone(), job.id, started)));
+    }
+    let mut timings = Vec::new();
+    for r in readers {
+        timings.push(r.await.map_err(|_| WorkerBenchError::Reader)??);
+    }
+    let wall_time = started.elapsed();
+    let _ = stop.send(());
+    let _ = running.await;
+    broker.purge_model(&model_id).await?;
+    let completion_tokens: u64 = timings.iter().map(|t| t.tokens).sum();
+    Ok(WorkerBenchReport {
+        broker: broker_name.to_owned(),
+        requests: prompts.len(),
+        completion_tokens,
+        response_events: timings.iter().map(|t| t.events).sum(),
+        wall_time,
+        aggregate_tokens_per_second: completion_tokens as f64
+            / wall_time.as_secs_f64().max(1e-9),
+        median_time_to_first_token: median(timings.iter().map(|t| t.first_token).collect()),
+        median_latency: median(timings.iter().map(|t| t.total).collect()),
+    })
+}

@@ -1,0 +1,159 @@
+//! Settings of a queue worker (the `tidal runtime --queue` flags) and their checks.
+
+use std::time::Duration;
+
+use tidal_queue::CapacityType;
+
+/// Why a worker cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A setting is out of range.
+    #[error("invalid worker setting: {0}")]
+    Config(String),
+}
+
+/// How a worker pulls from its model's queue. Build with [`WorkerConfig::new`] and adjust
+/// the public fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerConfig {
+    /// The model id whose jobs stream this worker serves.
+    pub model_id: String,
+    /// This worker's consumer name (unique among the model's workers: the pod name).
+    pub name: String,
+    /// Capacity it runs on (reported in heartbeats and usage events).
+    pub capacity_type: CapacityType,
+    /// After shutdown is asked for, how long running sequences may take to finish before
+    /// the rest are re-enqueued.
+    pub drain_timeout: Duration,
+    /// A job whose holder has not renewed it for this long is taken over by another worker.
+    /// The same value must be used by every worker of a model.
+    pub claim_timeout: Duration,
+    /// How often the worker writes its heartbeat.
+    pub heartbeat_interval: Duration,
+    /// How often held jobs are renewed ([`tidal_queue::Broker::keep_alive`]); `None`: a
+    /// quarter of `claim_timeout`.
+    pub keep_alive_interval: Option<Duration>,
+    /// How often the worker looks for jobs of dead workers while it has room; `None`: a
+    /// quarter of `claim_timeout`.
+    pub takeover_interval: Option<Duration>,
+    /// How often the cancel flags of all running jobs are read (one round trip for all).
+    pub cancel_poll_interval: Duration,
+    /// Longest one claim waits for a job (shutdown is noticed between claims).
+    pub claim_block: Duration,
+    /// Most jobs held at once; `None`: the engine's `max_num_seqs`.
+    pub max_jobs: Option<usize>,
+    /// KV-cache tokens set aside per claimed job when judging free capacity: a job is
+    /// claimed only while the free blocks cover this much for it and every held job that
+    /// the engine has not admitted yet.
+    pub kv_tokens_per_job: usize,
+}
+
+impl WorkerConfig {
+    /// Defaults: on-demand capacity, 30 s drain and claim timeouts, 5 s heartbeats,
+    /// cancel flags read every 100 ms, claims blocking 500 ms, 256 KV tokens per job.
+    pub fn new(model_id: impl Into<String>, name: impl Into<String>) -> Self {
+        WorkerConfig {
+            model_id: model_id.into(),
+            name: name.into(),
+            capacity_type: CapacityType::OnDemand,
+            drain_timeout: Duration::from_secs(30),
+            claim_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            keep_alive_interval: None,
+            takeover_interval: None,
+            cancel_poll_interval: Duration::from_millis(100),
+            claim_block: Duration::from_millis(500),
+            max_jobs: None,
+            kv_tokens_per_job: 256,
+        }
+    }
+
+    /// The keep-alive period in force.
+    pub fn keep_alive_every(&self) -> Duration {
+        self.keep_alive_interval.unwrap_or(self.claim_timeout / 4)
+    }
+
+    /// The takeover-scan period in force.
+    pub fn takeover_every(&self) -> Duration {
+        self.takeover_interval.unwrap_or(self.claim_timeout / 4)
+    }
+
+    /// Checks that the settings can work together.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        let bad = |m: String| Err(WorkerError::Config(m));
+        if self.model_id.is_empty() || self.name.is_empty() {
+            return bad("model id and worker name must not be empty".into());
+        }
+        if self.claim_timeout.is_zero() {
+            return bad("the claim timeout must be positive".into());
+        }
+        let keep_alive = self.keep_alive_every();
+        if keep_alive.is_zero() || keep_alive * 2 > self.claim_timeout {
+            return bad(format!(
+                "the keep-alive interval ({keep_alive:?}) must be positive and at most half the claim timeout ({:?})",
+                self.claim_timeout
+            ));
+        }
+        for (name, d) in [
+            ("heartbeat interval", self.heartbeat_interval),
+            ("takeover interval", self.takeover_every()),
+            ("cancel poll interval", self.cancel_poll_interval),
+            ("claim block", self.claim_block),
+        ] {
+            if d.is_zero() {
+                return bad(format!("the {name} must be positive"));
+            }
+        }
+        if self.max_jobs == Some(0) {
+            return bad("max jobs must be at least 1".into());
+        }
+        if self.kv_tokens_per_job == 0 {
+            return bad("KV tokens per job must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_derive_intervals_from_the_claim_timeout() {
+        let c = WorkerConfig::new("m", "w");
+        c.validate().unwrap();
+        assert_eq!(c.keep_alive_every(), Duration::from_millis(7500));
+        assert_eq!(c.takeover_every(), Duration::from_millis(7500));
+        let mut short = c.clone();
+        short.claim_timeout = Duration::from_secs(2);
+        short.validate().unwrap();
+        assert_eq!(short.keep_alive_every(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused() {
+        let base = WorkerConfig::new("m", "w");
+        let mut cases = Vec::new();
+        let mut c = base.clone();
+        c.keep_alive_interval = Some(Duration::from_secs(16));
+        cases.push(c);
+        let mut c = base.clone();
+        c.claim_timeout = Duration::ZERO;
+        cases.push(c);
+        let mut c = base.clone();
+        c.max_jobs = Some(0);
+        cases.push(c);
+        let mut c = base.clone();
+        c.cancel_poll_interval = Duration::ZERO;
+        cases.push(c);
+        let mut c = base.clone();
+        c.name = String::new();
+        cases.push(c);
+        let mut c = base.clone();
+        c.kv_tokens_per_job = 0;
+        cases.push(c);
+        for c in cases {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Worker mode (`tidal runtime --queue`, and each in-process worker of `tidal up`): pull
+//! one model's jobs from the broker, run them in the engine's batch, stream their deltas into
+//! the response streams, bill one usage event per segment, ack (design.md, "Broker
+//! protocol" and "Preemption-safe generation").
+//!
+//! Shape:
+//! * The claim loop ([`Worker::run`]) claims only while the engine has room
+//!   ([`capacity::claimable`]: free job slots and KV blocks, nothing waiting in the engine),
+//!   and while it has room, scans for jobs of dead workers (idle past the claim timeout).
+//! * One task per held job (`job.rs`) streams it; deltas that pile up while an append is in
+//!   flight are merged into one event, and appends of different jobs pipeline on the
+//!   broker's connection.
+//! * Chores (`chores.rs`): all cancel flags in one round trip every `cancel_poll_interval`,
+//!   all held jobs renewed with one keep-alive call well within the claim timeout, and the
+//!   heartbeat.
+//! * Shutdown: stop claiming, let sequences finish within `drain_timeout`, then bill each
+//!   unfinished one's segment and re-enqueue it with what was delivered; the next worker
+//!   continues the same response stream (the engine resumes exactly, see
+//!   [`crate::engine::ResumeFrom`]).
+//! * A dead worker's job is billed for what its holder delivered and re-enqueued by the
+//!   worker that takes it over (`takeover.rs` says why).
+//!
+//! Log-probabilities are not carried through the queue: response events have no field for
+//! them, so a job that asks for them gets its text and tokens without.
+
+pub mod bench;
+pub mod capacity;
+mod chores;
+mod config;
+mod io;
+mod job;
+mod metrics;
+pub mod probe;
+mod registry;
+pub mod segment;
+pub mod takeover;
+
+pub use config::{WorkerConfig, WorkerError};
+pub use metrics::{Outcome, WorkerSummary};
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tidal_queue::{Broker, ClaimedJob};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::server::LoadedModel;
+use metrics::Counters;
+use registry::Registry;
+
+/// How long the claim loop sleeps when it has no room, unless a job ends first.
+const NO_ROOM_POLL: Duration = Duration::from_millis(50);
+/// Pause after a failed claim (broker unreachable).
+const CLAIM_RETRY: Duration = Duration::from_secs(1);
+
+/// What every task of one worker shares.
+pub(crate) struct Shared {
+    model: Arc<LoadedModel>,
+    broker: Arc<dyn Broker>,
+    config: WorkerConfig,
+    registry: Registry,
+    counters: Counters,
+    draining: AtomicBool,
+}
+
+/// A queue worker for one loaded model. Create it, keep a [`WorkerStatus`] if you want to
+/// watch it, then [`Worker::run`] it until shutdown.
+pub struct Worker {
+    shared: Arc<Shared>,
+}
+
+/// A live view of a running worker (for health probes and `tidal up`).
+#[derive(Clone)]
+pub struct WorkerStatus {
+    shared: Arc<Shared>,
+}
+
+impl WorkerStatus {
+    /// Jobs held now.
+    pub fn held(&self) -> usize {
+        self.shared.registry.len()
+    }
+
+    /// Whether shutdown was asked for (no new claims).
+    pub fn draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Relaxed)
+    }
+
+    /// Totals so far.
+    pub fn summary(&self) -> WorkerSummary {
+        self.shared.counters.summary()
+    }
+
+    /// The worker's settings.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.shared.config
+    }
+}
+
+/// Aborts a spawned task when dropped (a worker future dropped mid-run leaves nothing
+/// running behind it, like a killed process).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Worker {
+    /// A worker serving `model` from `broker` with `config`.
+    pub fn new(
+        model: Arc<LoadedModel>,
+        broker: Arc<dyn Broker>,
+        config: WorkerConfig,
+    ) -> Result<Self, WorkerError> {
+        config.validate()?;
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                model,
+                broker,
+                config,
+                registry: Registry::default(),
+                counters: Counters::default(),
+                draining: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// A live view of this worker.
+    pub fn status(&self) -> WorkerStatus {
+        WorkerStatus {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Serves jobs until `shutdown` completes, then drains (see the module docs) and returns
+    /// what it did. Broker failures are logged and retried, never fatal. Dropping the
+    /// returned future stops everything at once without draining (as a crash would: held
+    /// jobs are taken over by other workers after the claim timeout).
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> WorkerSummary {
+        let shared = self.shared;
+        let config = &shared.config;
+        let (stop_chores, stop_rx) = watch::channel(false);
+        let chores = AbortOnDrop(tokio::spawn(chores::run(shared.clone(), stop_rx)));
+        let mut tasks: JoinSet<()> = JoinSet::new();
+        let mut shutdown = std::pin::pin!(shutdown.fuse());
+        let mut next_takeover = Instant::now();
+        let max_jobs = config
+            .max_jobs
+            .unwrap_or(shared.model.engine.config().max_num_seqs);
+        let block_size = shared.model.engine.config().block_size.max(1);
+        let blocks_per_job = config.kv_tokens_per_job.div_ceil(block_size);
+        tracing::info!(
+            model = %config.model_id,
+            worker = %config.name,
+            max_jobs,
+            "worker started"
+        );
+        loop {
+            while tasks.try_join_next().is_some() {}
+            let stats = shared.model.engine.stats();
+            let room = capacity::claimable(
+                shared.registry.len(),
+                max_jobs,
+                &stats,
+                blocks_per_job,
+            );
+            if room == 0 {
+                tokio::select! {
+                    _ = &mut shutdown => break,
+                    _ = tasks.join_next(), if !tasks.is_empty() => {}
+                    _ = tokio::time::sleep(NO_ROOM_POLL) => {}
+                }
+                continue;
+            }
+            let now = Instant::now();
+            if now >= next_takeover {
+                next_takeover = now + config.takeover_every();
+                match shared
+                    .broker
+                    .take_over(&config.model_id, &config.name, config.claim_timeout, room)
+                    .await
+                {
+                    Ok(jobs) if !jobs.is_empty() => {
+                        spawn_all(&shared, &mut tasks, jobs, true);
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "takeover scan failed"),
+                }
+            }
+            // A claim is never abandoned half-way (what it delivered would sit pending until
+            // a takeover): when shutdown comes during one, it finishes first.
+            let claim = shared.broker.claim(
+                &config.model_id,
+                &config.name,
+                room,
+                config.claim_block,
+            );
+            let mut claim = std::pin::pin!(claim);
+            let mut stopping = false;
+            let claimed = tokio::select! {
+                r = &mut claim => r,
+                _ = &mut shutdown => {
+                    stopping = true;
+                    claim.await
+                }
+            };
+            match claimed {
+                Ok(jobs) => spawn_all(&shared, &mut tasks, jobs, false),
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed");
+                    if !stopping {
+                        tokio::select! {
+                            _ = &mut shutdown => stopping = true,
+                            _ = tokio::time::sleep(CLAIM_RETRY) => {}
+                        }
+                    }
+                }
+            }
+            if stopping {
+                break;
+            }
+        }
+        drain(&shared, &mut tasks).await;
+        let _ = stop_chores.send(true);
+        drop(chores);
+        chores::heartbeat(&shared).await;
+        let summary = shared.counters.summary();
+        tracing::info!(?summary, "worker stopped");
+        summary
+    }
+}
+
+/// Starts a task for each claimed (or taken-over) job.
+fn spawn_all(
+    shared: &Arc<Shared>,
+    tasks: &mut JoinSet<()>,
+    jobs: Vec<ClaimedJob>,
+    taken_over: bool,
+) {
+    for claimed in jobs {
+        shared
+            .counters
+            .claimed(&shared.config.model_id, taken_over);
+        let (control, guard) = shared.registry.insert(claimed.clone());
+        tasks.spawn(job::run(shared.clone(), claimed, control, guard));
+    }
+}
+
+/// Stops claiming, waits up to the drain timeout for held jobs to finish, then has the rest
+/// re-enqueued and waits for that.
+async fn drain(shared: &Arc<Shared>, tasks: &mut JoinSet<()>) {
+    shared.draining.store(true, Ordering::Relaxed);
+    let held = shared.registry.len();
+    tracing::info!(held, timeout = ?shared.config.drain_timeout, "draining");
+    chores::heartbeat(shared).await;
+    let deadline = Instant::now() + shared.config.drain_timeout;
+    loop {
+        tokio::select! {
+            next = tasks.join_next() => if next.is_none() { break },
+            _ = tokio::time::sleep_until(deadline) => {
+                let left = shared.registry.len();
+                tracing::info!(left, "drain timeout: re-enqueueing unfinished jobs");
+                shared.registry.signal_all(registry::Control::Drain);
+                while tasks.join_next().await.is_some() {}
+                break;
+            }
+        }
+    }
+}
+
+/// Runs a worker for `model` on `broker` until `shutdown` completes (see [`Worker::run`]).
+pub async fn run(
+    model: Arc<LoadedModel>,
+    broker: Arc<dyn Broker>,
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerSummary, WorkerError> {
+    Ok(Worker::new(model, broker, config)?.run(shutdown).await)
+}

@@ -1,0 +1,209 @@
+//! A dead worker's job (taken over after the claim timeout): bill what the dead holder
+//! delivered, then re-enqueue the job with that resume state (or just ack it when its
+//! stream had ended). The job is then claimed like any resumed job, ahead of fresh ones.
+//!
+//! Why not continue it in place: a holder that died published no usage for its segment,
+//! and only the stream tells what it delivered. Within one jobs entry only its first holder
+//! ever generates (a taker always re-enqueues), so everything the stream gained since the
+//! entry was enqueued belongs to that holder's segment, whichever taker bills it and however
+//! many takers died before finishing this step. If the holder did publish (it died between
+//! its usage event and its ack), the taker's event carries the same key and the same
+//! counts, and billing drops the duplicate.
+
+use tidal_queue::clock::system_now_ms;
+use tidal_queue::{ClaimedJob, ResponseEvent, Resume, UsageEvent};
+
+use super::io::{self, Appended, Released};
+use super::job::prepare_job;
+use super::metrics::Outcome;
+use super::segment::Runner;
+use super::Shared;
+
+/// The usage event of the dead holder of `claimed`'s entry, given the response stream
+/// `events` and the request's `prompt_tokens`; `None` when it delivered nothing to bill.
+pub fn dead_holder_usage(
+    claimed: &ClaimedJob,
+    events: &[ResponseEvent],
+    prompt_tokens: u64,
+    runner: &Runner<'_>,
+    now_ms: u64,
+) -> Option<UsageEvent> {
+    let before = claimed.job.resume.as_ref();
+    let segment = before.map_or(0, |r| r.segments);
+    let entry_start = before.map_or(0, |r| r.token_ids.len() as u64);
+    let delivered = Resume::from_events(events).token_ids.len() as u64;
+    let completion = match events.last() {
+        // `done` counts the end-of-generation token too, as the holder would have billed.
+        Some(ResponseEvent::Done { usage, .. }) => usage.completion_tokens,
+        _ => delivered,
+    }
+    .saturating_sub(entry_start);
+    let prompt = if segment == 0 { prompt_tokens } else { 0 };
+    if prompt == 0 && completion == 0 {
+        return None;
+    }
+    Some(UsageEvent {
+        request_id: claimed.job.id,
+        segment,
+        tenant: claimed.job.tenant.clone(),
+        model: claimed.job.model.clone(),
+        prompt_tokens: prompt,
+        cached_prompt_tokens: 0,
+        completion_tokens: completion,
+        worker: runner.worker.to_owned(),
+        capacity_type: runner.capacity_type,
+        started_at_ms: now_ms,
+        ended_at_ms: now_ms,
+    })
+}
+
+/// Bills and re-enqueues (or acks, or cancels) a taken-over job.
+pub(crate) async fn run(shared: &Shared, claimed: &ClaimedJob) -> Outcome {
+    let id = claimed.job.id;
+    let events = match io::read_all(shared, id).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(request_id = %id, error = %e, "cannot read a taken-over job's stream");
+            return Outcome::Abandoned;
+        }
+    };
+    let first_segment = claimed.job.resume.as_ref().is_none_or(|r| r.segments == 0);
+    let prompt_tokens = if first_segment {
+        prepare_job(&shared.model, &claimed.job).map_or(0, |p| p.request.prompt.len() as u64)
+    } else {
+        0
+    };
+    let runner = Runner {
+        worker: &shared.config.name,
+        capacity_type: shared.config.capacity_type,
+    };
+    if let Some(usage) = dead_holder_usage(claimed, &events, prompt_tokens, &runner, system_now_ms())
+    {
+        if !io::publish_usage(shared, &usage).await {
+            return Outcome::Abandoned;
+        }
+    }
+    let resume = Resume::from_events(&events);
+    let finished = events.last().is_some_and(ResponseEvent::is_terminal);
+    tracing::info!(
+        request_id = %id,
+        attempt = claimed.attempt,
+        delivered = resume.token_ids.len(),
+        finished,
+        "took over a dead worker's job"
+    );
+    let released = if finished {
+        io::ack(shared, claimed).await
+    } else if shared.broker.is_cancelled(id).await.unwrap_or(false) {
+        let event = ResponseEvent::Error {
+            seq: resume.last_seq + 1,
+            status: 499,
+            code: "cancelled".into(),
+            param: None,
+            message: "the request was cancelled".into(),
+        };
+        match io::append(shared, id, &event).await {
+            Appended::Written | Appended::Finished => io::ack(shared, claimed).await,
+            Appended::Lost => Released::NotOwner,
+            Appended::Failed => Released::Failed,
+        }
+    } else {
+        io::requeue(shared, claimed, resume).await
+    };
+    match released {
+        Released::Ok => Outcome::TakenOver,
+        Released::NotOwner => Outcome::Lost,
+        Released::Failed => Outcome::Abandoned,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidal_queue::{CapacityType, FinishReason, Job, Usage};
+    use uuid::Uuid;
+
+    const RUNNER: Runner<'static> = Runner {
+        worker: "taker",
+        capacity_type: CapacityType::OnDemand,
+    };
+
+    fn claimed(resume: Option<Resume>, attempt: u32) -> ClaimedJob {
+        ClaimedJob {
+            job: Job {
+                id: Uuid::now_v7(),
+                tenant: "acme".into(),
+                model: "m".into(),
+                body: serde_json::json!({}),
+                enqueued_at_ms: 0,
+                deadline_ms: 0,
+                resume,
+            },
+            entry_id: "1-0".into(),
+            consumer: "taker".into(),
+            attempt,
+        }
+    }
+
+    fn delta(seq: u64, ids: &[u32]) -> ResponseEvent {
+        ResponseEvent::Delta {
+            seq,
+            text: "x".repeat(ids.len()),
+            token_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_first_holder_bills_the_prompt_and_everything_it_delivered() {
+        let c = claimed(None, 2);
+        let evs = [delta(1, &[1, 2]), delta(2, &[3])];
+        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        assert_eq!(
+            (u.segment, u.prompt_tokens, u.completion_tokens),
+            (0, 9, 3)
+        );
+        // It died before writing anything: the prompt it was given is still billed once.
+        let u = dead_holder_usage(&c, &[], 9, &RUNNER, 5).unwrap();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 0));
+    }
+
+    #[test]
+    fn a_resumed_holder_bills_only_what_it_added() {
+        let before = Resume {
+            token_ids: vec![1, 2],
+            text_len: 2,
+            last_seq: 1,
+            segments: 3,
+        };
+        // Attempt 4: takers 2 and 3 died too, but takers never generate.
+        let c = claimed(Some(before.clone()), 4);
+        let evs = [delta(1, &[1, 2]), delta(2, &[3, 4, 5])];
+        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        assert_eq!(
+            (u.segment, u.prompt_tokens, u.completion_tokens),
+            (3, 0, 3)
+        );
+        // Nothing added: nothing to bill.
+        let c = claimed(Some(before), 2);
+        assert!(dead_holder_usage(&c, &evs[..1], 9, &RUNNER, 5).is_none());
+    }
+
+    #[test]
+    fn a_finished_stream_bills_the_done_count() {
+        let c = claimed(None, 2);
+        let evs = [
+            delta(1, &[1, 2]),
+            ResponseEvent::Done {
+                seq: 2,
+                finish_reason: FinishReason::Stop,
+                usage: Usage {
+                    prompt_tokens: 9,
+                    cached_prompt_tokens: 0,
+                    completion_tokens: 3,
+                },
+            },
+        ];
+        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        assert_eq!(u.completion_tokens, 3);
+    }
+}

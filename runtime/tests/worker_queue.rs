@@ -1,0 +1,188 @@
+//! The queue worker on tiny models, against the in-process broker and real Redis, driven
+//! the way the gateway drives it (enqueue `Job`s with `JobRequest` bodies, read response
+//! streams) and checked the way billing reads usage.
+
+mod worker_common;
+
+use std::time::Duration;
+
+use tidal_queue::{clock::system_now_ms, ResponseEvent, Withdrawal};
+use worker_common::*;
+
+macro_rules! both_brokers {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Harness::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Harness::redis().await).await;
+                }
+            )*
+        }
+    };
+}
+
+both_brokers!(
+    jobs_stream_exactly_and_bill_once,
+    cancellation_frees_the_sequence,
+    prepare_errors_are_one_error_event,
+    jobs_wait_for_a_worker_and_withdrawn_jobs_never_run,
+);
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Several concurrent jobs: each stream is the engine's greedy output, seqs consecutive,
+/// one usage event per request with the prompt and every token; nothing left pending.
+async fn jobs_stream_exactly_and_bill_once(h: Harness) {
+    let (_dir, model) = tiny_model(&fast_spec());
+    let b = h.broker.clone();
+    let worker = spawn_worker(model.clone(), b.clone(), test_config("m", "w1"));
+    let prompts = prompts(6);
+    let jobs: Vec<_> = prompts.iter().map(|p| job("m", p, 16)).collect();
+    for j in &jobs {
+        b.enqueue(j).await.unwrap();
+    }
+    for (j, p) in jobs.iter().zip(&prompts) {
+        let events = read_to_end(&*b, j.id, LONG).await;
+        assert_complete(&events);
+        let (ids, text) = delivered(&events);
+        assert_eq!((ids, text), reference(&model, p, 16).await);
+    }
+    let summary = worker.shutdown().await;
+    assert_eq!((summary.claimed, summary.completed), (6, 6));
+    assert_eq!(summary.tokens_delivered, 6 * 16);
+    let usage = usage_events(&*b).await;
+    assert_eq!(usage.len(), 6, "{usage:?}");
+    let by = usage_by_request(&usage);
+    for (j, p) in jobs.iter().zip(&prompts) {
+        assert_billed(&by, j.id, p.len() as u64, 16);
+        let e = &by[&j.id][&0];
+        assert_eq!((e.worker.as_str(), e.tenant.as_str()), ("w1", "bench"));
+    }
+    assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+    let beats = b.workers("m").await.unwrap();
+    assert_eq!(beats.len(), 1);
+    assert!(beats[0].draining, "the last heartbeat says draining");
+}
+
+/// A cancelled request stops at once: `cancelled` ends its stream, its sequence and KV
+/// blocks are freed, what was delivered is billed, and the job is acked.
+async fn cancellation_frees_the_sequence(h: Harness) {
+    let (_dir, model) = tiny_model(&slow_spec());
+    let b = h.broker.clone();
+    let worker = spawn_worker(model.clone(), b.clone(), test_config("m", "w1"));
+    let j = job("m", &prompts(1)[0], 3000);
+    b.enqueue(&j).await.unwrap();
+    let status = worker.status.clone();
+    wait_until("first tokens", LONG, || status.summary().tokens_delivered > 0).await;
+    b.cancel(j.id).await.unwrap();
+    let events = read_to_end(&*b, j.id, LONG).await;
+    let (ids, _) = delivered(&events);
+    assert!(ids.len() < 3000);
+    match events.last() {
+        Some(ResponseEvent::Error { code, status, .. }) => {
+            assert_eq!((code.as_str(), *status), ("cancelled", 499))
+        }
+        other => panic!("expected cancelled, got {other:?}"),
+    }
+    let engine = model.engine.clone();
+    wait_until("sequence freed", LONG, || {
+        let s = engine.stats();
+        s.num_running == 0 && s.num_waiting == 0 && s.num_free_blocks == s.num_blocks
+    })
+    .await;
+    let summary = worker.shutdown().await;
+    assert_eq!(summary.cancelled, 1);
+    let by = usage_by_request(&usage_events(&*b).await);
+    assert_billed(&by, j.id, 6, ids.len() as u64);
+    assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+}
+
+/// Requests the model cannot take get exactly one error event with the 4xx status the
+/// direct server would answer, are acked, and bill nothing.
+async fn prepare_errors_are_one_error_event(h: Harness) {
+    let (_dir, model) = tiny_model(&fast_spec());
+    let b = h.broker.clone();
+    let worker = spawn_worker(model, b.clone(), test_config("m", "w1"));
+    let mut chat = job("m", &[5], 4);
+    // The tiny model has no chat template.
+    chat.body = serde_json::json!({"kind": "chat", "request": {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}});
+    let mut too_long = job("m", &[5, 6], 4);
+    too_long.body["request"]["max_tokens"] = serde_json::json!(100_000);
+    let mut garbage = job("m", &[5], 4);
+    garbage.body = serde_json::json!({"kind": "embedding", "request": {}});
+    let cases = [
+        (chat, "invalid_request_error", Some("messages")),
+        (too_long, "context_length_exceeded", Some("messages")),
+        (garbage, "invalid_request_error", None),
+    ];
+    for (j, _, _) in &cases {
+        b.enqueue(j).await.unwrap();
+    }
+    for (j, want_code, want_param) in &cases {
+        let events = read_to_end(&*b, j.id, LONG).await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        match &events[0] {
+            ResponseEvent::Error {
+                seq,
+                status,
+                code,
+                param,
+                ..
+            } => {
+                assert_eq!((*seq, *status, code.as_str()), (1, 400, *want_code));
+                assert_eq!(param.as_deref(), *want_param);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let summary = worker.shutdown().await;
+    assert_eq!(summary.rejected, 3);
+    assert!(usage_events(&*b).await.is_empty());
+    assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+}
+
+/// With no worker, jobs wait; a worker started later completes them. Jobs withdrawn
+/// meanwhile (deadline passed, or withdrawn by the gateway) are never executed.
+async fn jobs_wait_for_a_worker_and_withdrawn_jobs_never_run(h: Harness) {
+    let (_dir, model) = tiny_model(&fast_spec());
+    let b = h.broker.clone();
+    let waiting: Vec<_> = prompts(3).iter().map(|p| job("m", p, 8)).collect();
+    for j in &waiting {
+        b.enqueue(j).await.unwrap();
+    }
+    let mut expired = job("m", &[7, 8, 9], 8);
+    expired.deadline_ms = system_now_ms() + 200;
+    b.enqueue(&expired).await.unwrap();
+    let gone = job("m", &[9, 8, 7], 8);
+    let entry = b.enqueue(&gone).await.unwrap();
+    assert_eq!(
+        b.withdraw("m", gone.id, &entry).await.unwrap(),
+        Withdrawal::Withdrawn
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(b.depth("m").await.unwrap().backlog, 4);
+    let worker = spawn_worker(model, b.clone(), test_config("m", "w1"));
+    for j in &waiting {
+        assert_complete(&read_to_end(&*b, j.id, LONG).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let summary = worker.shutdown().await;
+    assert_eq!((summary.claimed, summary.completed), (3, 3));
+    for j in [&expired, &gone] {
+        let events = b.read_responses(j.id, 0, 10, Duration::ZERO).await.unwrap();
+        assert!(events.is_empty(), "withdrawn job ran: {events:?}");
+    }
+    let depth = b.depth("m").await.unwrap();
+    assert_eq!((depth.backlog, depth.in_flight), (0, 0));
+    assert_eq!(usage_events(&*b).await.len(), 3);
+}

@@ -1,0 +1,95 @@
+//! `tidal controller`: the Kubernetes controller (one leader among its replicas reconciles
+//! every `Model`; see `tidal_controller`). Exits non-zero when it loses leadership so its
+//! pod restarts as a candidate; exits 0 on Ctrl-C or SIGTERM after giving the lease up.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tidal_controller::RunConfig;
+
+/// Flags of `tidal controller`.
+#[derive(Args, Debug)]
+pub struct ControllerArgs {
+    /// Redis of the queue.
+    #[arg(long, env = "TIDAL_REDIS_URL")]
+    pub redis: String,
+    /// Redis URL the workers are given (`--queue`), when it differs from `--redis`.
+    #[arg(long, env = "TIDAL_WORKER_REDIS_URL")]
+    pub worker_redis: Option<String>,
+    /// Ledger database: `postgres://...` or `sqlite:PATH` (migrated at start).
+    #[arg(long, env = "TIDAL_DATABASE_URL")]
+    pub ledger: String,
+    /// Key prefix of the broker's keys.
+    #[arg(long, default_value = "tidal:")]
+    pub key_prefix: String,
+    /// Watch Models in this namespace only (default: all namespaces).
+    #[arg(long, env = "TIDAL_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Namespace of the leader-election Lease (default: --namespace, else the client's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "tidal-controller")]
+    pub lease_name: String,
+    /// Address of `/health` and `/metrics`.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+    /// Seconds between two autoscaling decisions of a Model.
+    #[arg(long, default_value_t = 2.0)]
+    pub tick_secs: f64,
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn terminated() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Runs the controller.
+pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let tick = Duration::try_from_secs_f64(args.tick_secs)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .context("--tick-secs must be a positive number of seconds")?;
+    let prometheus = PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let render: tidal_controller::http::Render = Arc::new(move || prometheus.render());
+    let cfg = RunConfig {
+        redis: args.redis,
+        worker_redis: args.worker_redis,
+        key_prefix: args.key_prefix,
+        ledger: args.ledger,
+        namespace: args.namespace,
+        lease_namespace: args.lease_namespace,
+        lease_name: args.lease_name,
+        identity: None,
+        metrics_listen: args.metrics_listen,
+        tick,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    runtime
+        .block_on(tidal_controller::run(cfg, render, terminated()))
+        .context("tidal controller")
+}

@@ -1,0 +1,176 @@
+//! `tidal up`: the whole platform in one process (gateway, in-process broker, metering on
+//! an SQLite ledger, a local fleet that scales each model to and from zero).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use tidal_autoscaler::ScalingSpec;
+use tidal_local::fetch::FetchConfig;
+use tidal_local::source::ModelSource;
+use tidal_local::up::{self, Started, UpConfig};
+use tidal_queue::Prices;
+use tidal_runtime::engine::EngineConfig;
+use tidal_runtime::model::QuantizeTo;
+
+use super::engine_args::{parse_bytes, parse_duration};
+use super::signals::terminated;
+
+/// Flags of `tidal up`.
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// A model to serve, `[NAME=]SOURCE` (repeat for several). SOURCE: a GGUF path,
+    /// file://PATH, https://URL[#sha256=HEX], hf://ORG/REPO/FILE.gguf[#sha256=HEX], or
+    /// `default` (SmolLM2-135M-Instruct Q4_1, fetched and verified on first use).
+    #[arg(long = "model", default_value = "default")]
+    pub models: Vec<ModelSource>,
+    /// Address of the API.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Ledger, credentials (default: $TIDAL_DATA_DIR, else ~/.local/share/tidal).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Use this PostgreSQL ledger instead of the SQLite file.
+    #[arg(long, env = "TIDAL_DATABASE_URL")]
+    pub postgres: Option<String>,
+    /// Use this Redis as the broker (and rate-limit store) instead of the in-process one.
+    #[arg(long, env = "TIDAL_REDIS_URL")]
+    pub redis: Option<String>,
+    /// Key prefix in Redis.
+    #[arg(long, default_value = "tidal:")]
+    pub key_prefix: String,
+    /// KV cache memory of each worker, e.g. 512MiB.
+    #[arg(long, default_value = "1GiB", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// Most sequences a worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Kernel threads per worker (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Re-quantise weights at load: q4_0, q4_1, q8_0 or f16.
+    #[arg(long)]
+    pub quantize: Option<QuantizeTo>,
+    /// A model with no request for this long is unloaded (scale to zero).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub scale_to_zero_after: Duration,
+    /// Most workers per model (each loads its own copy of the model).
+    #[arg(long, default_value_t = 1)]
+    pub max_workers: u32,
+    /// Queued plus running requests one worker is sized for.
+    #[arg(long, default_value_t = 32.0)]
+    pub target_in_flight: f64,
+    /// Longest a request waits for a worker, cold start included, before a 503.
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub max_queue_wait: Duration,
+    /// Most queued requests per model before a 503.
+    #[arg(long, default_value_t = 1000)]
+    pub backlog_cap: u64,
+    /// How long a stopping worker lets running requests finish.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// Price per million prompt tokens, in micro-units of the currency.
+    #[arg(long, default_value_t = 100_000)]
+    pub input_price: u64,
+    /// Price per million prompt tokens served from the prefix cache, in micro-units.
+    #[arg(long, default_value_t = 50_000)]
+    pub cached_input_price: u64,
+    /// Price per million completion tokens, in micro-units.
+    #[arg(long, default_value_t = 400_000)]
+    pub output_price: u64,
+    /// ISO 4217 currency of the prices.
+    #[arg(long, default_value = "USD")]
+    pub currency: String,
+}
+
+/// Runs the platform until Ctrl-C or SIGTERM.
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets(&[
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ])
+        .context("configuring metrics")?
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let scaling = ScalingSpec {
+        min_replicas: 0,
+        max_replicas: args.max_workers,
+        target_in_flight_per_replica: args.target_in_flight,
+        scale_to_zero_after: args.scale_to_zero_after,
+        ..ScalingSpec::default()
+    };
+    scaling.validate().context("scaling settings")?;
+    let config = UpConfig {
+        models: args.models,
+        listen: args.listen,
+        data_dir: args
+            .data_dir
+            .unwrap_or_else(tidal_local::paths::default_data_dir),
+        ledger_url: args.postgres,
+        redis_url: args.redis,
+        key_prefix: args.key_prefix,
+        fetch: FetchConfig::default(),
+        engine: EngineConfig {
+            kv_cache_memory: args.kv_cache_memory,
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            threads: args.threads,
+            ..EngineConfig::default()
+        },
+        quantize: args.quantize,
+        scaling,
+        prices: Prices {
+            currency: args.currency,
+            input_per_mtok_micros: args.input_price,
+            cached_input_per_mtok_micros: args.cached_input_price,
+            output_per_mtok_micros: args.output_price,
+        },
+        max_queue_wait: args.max_queue_wait,
+        backlog_cap: args.backlog_cap,
+        drain_timeout: args.drain_timeout,
+        prometheus: Some(prometheus),
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
+    runtime
+        .block_on(up::run(config, terminated(), print_banner))
+        .context("tidal up")
+}
+
+fn print_banner(s: &Started) {
+    let base = format!("http://{}/v1", s.addr);
+    let key = &s.credentials.api_key;
+    let model = s.models.first().map(|(n, _)| n.as_str()).unwrap_or_default();
+    let names: Vec<&str> = s.models.iter().map(|(n, _)| n.as_str()).collect();
+    println!();
+    println!("Tidal is up at {base}");
+    println!("  models:  {} (scaled to zero until the first request)", names.join(", "));
+    println!("  ledger:  {}", s.ledger_url);
+    println!(
+        "  API key of tenant `{}`: {key}{}",
+        s.credentials.tenant,
+        if s.new_credentials { "  (new)" } else { "" }
+    );
+    println!("  admin token: {}", s.credentials.admin_token);
+    println!();
+    println!("Try it:");
+    println!("  curl {base}/chat/completions \\");
+    println!("    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\");
+    println!(
+        "    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'"
+    );
+    println!();
+    println!("  python3 -c 'from openai import OpenAI");
+    println!("  c = OpenAI(base_url=\"{base}\", api_key=\"{key}\")");
+    println!("  r = c.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])");
+    println!("  print(r.choices[0].message.content)'");
+    println!();
+    println!("  tidal status        models, workers, backlog, this month's usage");
+    println!("  tidal report        this month's usage report of tenant `local`");
+    println!();
+}

@@ -8,7 +8,11 @@ mod worker_common;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures::StreamExt;
 
 use serde_json::{json, Value};
 use tidal_queue::{Broker, ModelRecord, ModelState, Prices};
@@ -259,4 +263,96 @@ async fn without_workers_requests_wait_and_an_expired_one_never_runs() {
     let usage = usage_events(&*p.queue.broker).await;
     assert_eq!(usage.len(), 1);
     assert_ne!(usage[0].request_id, expired);
+}
+
+/// Streams one chat request, counting SSE chunks into `chunks`; returns the request id and
+/// the content.
+async fn counted_stream(
+    client: reqwest::Client,
+    url: String,
+    key: String,
+    request: Value,
+    chunks: Arc<AtomicU64>,
+) -> (uuid::Uuid, String) {
+    let r = client.post(url).bearer_auth(key).json(&request).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let id = r.headers()["x-request-id"].to_str().unwrap().parse().unwrap();
+    let mut body = r.bytes_stream();
+    let mut text = String::new();
+    while let Some(part) = body.next().await {
+        let part = part.expect("the stream was interrupted");
+        chunks.fetch_add(1, Ordering::Relaxed);
+        text.push_str(std::str::from_utf8(&part).unwrap());
+    }
+    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    let content = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    (id, content)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_mid_stream_is_invisible_to_gateway_clients() {
+    let model = default_model();
+    let p = platform("platkill", 120_000).await;
+    let key = key_for(&p.db, "acme");
+    let jobs = jobs(20);
+    let want = reference_run(&model, &jobs).await;
+    let victim = WorkerProcess::start(&model, &p.queue, "victim", "30s", "2s");
+    let survivor = WorkerProcess::start(&model, &p.queue, "survivor", "30s", "2s");
+    wait_ready(&*p.queue.broker, &["victim", "survivor"]).await;
+
+    let chunks = Arc::new(AtomicU64::new(0));
+    let client = reqwest::Client::new();
+    let clients: Vec<_> = jobs
+        .iter()
+        .map(|j| {
+            tokio::spawn(counted_stream(
+                client.clone(),
+                format!("{}/v1/chat/completions", p.base),
+                key.clone(),
+                j.body["request"].clone(),
+                chunks.clone(),
+            ))
+        })
+        .collect();
+    while chunks.load(Ordering::Relaxed) < (jobs.len() * MAX_TOKENS / 8) as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    victim.signal(9);
+    let mut ids = Vec::new();
+    for (client, reference) in clients.into_iter().zip(&want) {
+        let (id, got) = client.await.unwrap();
+        ids.push(id);
+        let expected: String = reference
+            .iter()
+            .filter_map(|e| match e {
+                tidal_queue::ResponseEvent::Delta { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(got, expected, "a client saw a different stream than the undisturbed run");
+    }
+    wait_settled(&*p.queue.broker).await;
+    let usage = usage_events(&*p.queue.broker).await;
+    let mut per_request: HashMap<uuid::Uuid, (u64, u64, usize)> = HashMap::new();
+    for u in &usage {
+        let e = per_request.entry(u.request_id).or_default();
+        e.0 += u.prompt_tokens;
+        e.1 += u.completion_tokens;
+        e.2 += 1;
+    }
+    assert_eq!(per_request.len(), jobs.len());
+    for (id, reference) in ids.iter().zip(&want) {
+        let Some(tidal_queue::ResponseEvent::Done { usage: u, .. }) = reference.last() else {
+            panic!("reference run did not finish");
+        };
+        let (prompt, completion, _) = per_request[id];
+        assert_eq!(prompt, u.prompt_tokens, "the prompt is billed exactly once");
+        assert_eq!(completion, MAX_TOKENS as u64, "every delivered token is billed once");
+    }
+    assert!(per_request.values().any(|&(_, _, segments)| segments > 1), "nothing was taken over:\n{}", survivor.log_text());
 }

@@ -2,7 +2,8 @@
 //! short drain timeout in the middle of 20 streaming greedy requests. It re-enqueues its
 //! unfinished jobs with what they delivered and exits cleanly; the other worker continues
 //! the same streams: every stream complete, token for token the undisturbed run, and usage
-//! adds up to the prompt once plus exactly the delivered tokens.
+//! adds up to the prompt once plus exactly the delivered tokens. The same again with the
+//! drain started by the pod's preStop hook (`GET /drain`) instead of the signal.
 
 mod worker_common;
 
@@ -14,8 +15,17 @@ use worker_common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drain_requeues_and_the_other_worker_continues() {
+    drain_mid_stream(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prestop_drain_requeues_and_the_other_worker_continues() {
+    drain_mid_stream(true).await;
+}
+
+async fn drain_mid_stream(prestop: bool) {
     let model = default_model();
-    let queue = Queue::new("wdrain").await;
+    let queue = Queue::new(if prestop { "wprestop" } else { "wdrain" }).await;
     let jobs = jobs(20);
     let want = reference_run(&model, &jobs).await;
 
@@ -35,7 +45,16 @@ async fn sigterm_drain_requeues_and_the_other_worker_continues() {
         assert!(!readers.is_finished());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    leaving.signal(15);
+    if prestop {
+        let r = reqwest::get(format!("http://127.0.0.1:{}/drain", leaving.port))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["jobs"], 0, "{body}");
+    } else {
+        leaving.signal(15);
+    }
     let code = tokio::task::block_in_place(|| leaving.wait(Duration::from_secs(60)));
     assert_eq!(code, Some(0), "{}", leaving.log_text());
     assert!(

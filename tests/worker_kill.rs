@@ -46,6 +46,8 @@ async fn sigkill_mid_stream_loses_and_duplicates_nothing() {
         "no request was taken over: {segments:?}\n{}",
         survivor.log_text()
     );
-    assert!(survivor.log_text().contains("took over a dead worker's job"));
+    assert!(survivor
+        .log_text()
+        .contains("took over a dead worker's job"));
     drop(victim);
 }

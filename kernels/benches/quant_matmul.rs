@@ -2,8 +2,8 @@
 //! (Q4_0, Q4_1, Q8_0), on the SmolLM2-135M shapes (k → n: attention q/o 576→576, FFN gate/up
 //! 576→1536, down 1536→576, and the Q8_0 LM head 576→49152), for decode (m = 1) and a batch
 //! of 16 rows (m = 16, as 16 concurrent decodes). Ours runs as `avx2` (row dot products at
-//! m = 1, the panel GEMM at m = 16) and `avx2rows` (row dot products at every m, the batched
-//! path before the GEMM). One run holds every figure, so ratios are comparable on a noisy
+//! m = 1, the panel GEMM at m = 16), `avx2vnni` (the GEMM with AVX-VNNI, where the CPU has it)
+//! and `avx2rows` (row dot products at every m, the batched path before the GEMM). One run holds every figure, so ratios are comparable on a noisy
 //! machine.
 
 use candle_core::quantized::k_quants::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
@@ -77,7 +77,7 @@ fn bench(c: &mut Criterion) {
                 let kernels: &[DotKernel] = if m == 1 {
                     &[DotKernel::Avx2]
                 } else {
-                    &[DotKernel::Avx2, DotKernel::Avx2Rows]
+                    &[DotKernel::Avx2Vnni, DotKernel::Avx2, DotKernel::Avx2Rows]
                 };
                 for &kernel in kernels.iter().filter(|k| k.is_supported()) {
                     let name = format!("tidal_{kernel:?}").to_lowercase();

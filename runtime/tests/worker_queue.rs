@@ -82,7 +82,10 @@ async fn cancellation_frees_the_sequence(h: Harness) {
     let j = job("m", &prompts(1)[0], 3000);
     b.enqueue(&j).await.unwrap();
     let status = worker.status.clone();
-    wait_until("first tokens", LONG, || status.summary().tokens_delivered > 0).await;
+    wait_until("first tokens", LONG, || {
+        status.summary().tokens_delivered > 0
+    })
+    .await;
     b.cancel(j.id).await.unwrap();
     let events = read_to_end(&*b, j.id, LONG).await;
     let (ids, _) = delivered(&events);

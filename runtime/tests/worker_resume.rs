@@ -67,7 +67,10 @@ async fn interrupt_and_resume(h: Harness, crash: bool) {
     } else {
         first.shutdown().await
     };
-    assert!(stopped.completed < JOBS as u64, "w1 finished everything: {stopped:?}");
+    assert!(
+        stopped.completed < JOBS as u64,
+        "w1 finished everything: {stopped:?}"
+    );
     if !crash {
         assert!(stopped.requeued > 0, "{stopped:?}");
         assert_eq!(stopped.requeued + stopped.completed, JOBS as u64);

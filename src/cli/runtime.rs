@@ -126,12 +126,15 @@ fn default_worker_name() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// Turns true on the first SIGTERM or SIGINT; a second one ends the process at once.
-fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
+/// Turns true on the first SIGTERM or SIGINT (or `/drain`, through the returned sender); a
+/// second signal ends the process at once.
+fn shutdown_signal() -> anyhow::Result<(Arc<watch::Sender<bool>>, watch::Receiver<bool>)> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let (tx, rx) = watch::channel(false);
+    let tx = Arc::new(tx);
+    let switch = tx.clone();
     tokio::spawn(async move {
         for n in 0.. {
             tokio::select! {
@@ -147,7 +150,7 @@ fn shutdown_signal() -> anyhow::Result<watch::Receiver<bool>> {
             }
         }
     });
-    Ok(rx)
+    Ok((switch, rx))
 }
 
 async fn signalled(mut rx: watch::Receiver<bool>) {
@@ -156,13 +159,19 @@ async fn signalled(mut rx: watch::Receiver<bool>) {
 
 /// Worker mode: probes first, then the broker and the model, then pull until signalled.
 async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
-    let shutdown = shutdown_signal()?;
-    let probes = probe::ProbeState::new(Some(prometheus()?));
+    let (switch, shutdown) = shutdown_signal()?;
+    let probes = probe::ProbeState::new(Some(prometheus()?), switch);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, "health and metrics listening");
-    tokio::spawn(axum::serve(listener, probe::router(probes.clone())).into_future());
+    // Stopped gracefully after the worker is done, so a pending `/drain` gets its answer.
+    let (probes_done, probes_stop) = watch::channel(false);
+    let probe_server = tokio::spawn(
+        axum::serve(listener, probe::router(probes.clone()))
+            .with_graceful_shutdown(signalled(probes_stop))
+            .into_future(),
+    );
 
     let w = &args.worker;
     let mut config = WorkerConfig::new(
@@ -198,5 +207,9 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     probes.set_worker(worker.status());
     let summary = worker.run(signalled(shutdown)).await;
     tracing::info!(?summary, "worker exited");
+    let _ = probes_done.send(true);
+    if tokio::time::timeout(Duration::from_secs(5), probe_server).await.is_err() {
+        tracing::warn!("health server did not stop in 5 s");
+    }
     Ok(())
 }

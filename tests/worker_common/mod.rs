@@ -27,10 +27,17 @@ pub const MAX_TOKENS: usize = 32;
 /// Path of the default model (fetched and verified by the project's script).
 pub fn default_model() -> PathBuf {
     let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fetch-model.sh"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/fetch-model.sh"
+        ))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
@@ -51,7 +58,9 @@ pub struct Queue {
 
 impl Queue {
     pub async fn new(test: &str) -> Self {
-        let url = tidal_queue::testing::ensure_redis().await.expect("test Redis");
+        let url = tidal_queue::testing::ensure_redis()
+            .await
+            .expect("test Redis");
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -80,6 +89,8 @@ impl Drop for Queue {
 /// test fails.
 pub struct WorkerProcess {
     pub name: String,
+    /// Port of its `/health`, `/metrics` and `/drain`.
+    pub port: u16,
     child: Child,
     pub log: PathBuf,
 }
@@ -92,16 +103,30 @@ impl WorkerProcess {
         drain_timeout: &str,
         claim_timeout: &str,
     ) -> Self {
-        let log = std::env::temp_dir().join(format!("{}{name}.log", queue.prefix.replace(':', "-")));
+        let log =
+            std::env::temp_dir().join(format!("{}{name}.log", queue.prefix.replace(':', "-")));
         let file = std::fs::File::create(&log).unwrap();
+        let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_tidal"))
             .args(["runtime", "--model"])
             .arg(model)
             .args(["--queue", &queue.url, "--queue-prefix", &queue.prefix])
             .args(["--model-id", MODEL_ID, "--worker-name", name])
-            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--threads", "1", "--kv-cache-memory", "256MiB", "--max-num-seqs", "10"])
-            .args(["--drain-timeout", drain_timeout, "--claim-timeout", claim_timeout])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--threads",
+                "1",
+                "--kv-cache-memory",
+                "256MiB",
+                "--max-num-seqs",
+                "10",
+            ])
+            .args([
+                "--drain-timeout",
+                drain_timeout,
+                "--claim-timeout",
+                claim_timeout,
+            ])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(file)
@@ -109,6 +134,7 @@ impl WorkerProcess {
             .unwrap();
         WorkerProcess {
             name: name.into(),
+            port,
             child,
             log,
         }
@@ -131,7 +157,12 @@ impl WorkerProcess {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status.code();
             }
-            assert!(Instant::now() < deadline, "{} did not exit:\n{}", self.name, self.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit:\n{}",
+                self.name,
+                self.log_text()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -157,7 +188,10 @@ pub async fn wait_ready(broker: &dyn Broker, names: &[&str]) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let beats = broker.workers(MODEL_ID).await.unwrap();
-        if names.iter().all(|n| beats.iter().any(|b| b.worker == *n && !b.draining)) {
+        if names
+            .iter()
+            .all(|n| beats.iter().any(|b| b.worker == *n && !b.draining))
+        {
             return;
         }
         assert!(Instant::now() < deadline, "workers not ready: {beats:?}");
@@ -274,7 +308,10 @@ pub async fn wait_settled(broker: &dyn Broker) {
         if (d.backlog, d.in_flight) == (0, 0) {
             return;
         }
-        assert!(Instant::now() < deadline, "jobs still queued or held: {d:?}");
+        assert!(
+            Instant::now() < deadline,
+            "jobs still queued or held: {d:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -362,7 +399,9 @@ pub fn check_streams_and_billing(
             "request {}: billed {segs:?}",
             job.id
         );
-        assert!(segs.values().all(|e| e.tenant == job.tenant && e.model == MODEL_ID));
+        assert!(segs
+            .values()
+            .all(|e| e.tenant == job.tenant && e.model == MODEL_ID));
         segments.insert(job.id, segs.len());
     }
     segments

@@ -16,6 +16,9 @@ pub enum DotKernel {
     /// AVX2 + FMA + F16C (x86-64 only): row dot products for small batches, the interleaved
     /// panel GEMM for batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more.
     Avx2,
+    /// [`DotKernel::Avx2`] with AVX-VNNI's `vpdpbusd` in the panel GEMM (one instruction for
+    /// the multiply-add of four byte pairs into i32).
+    Avx2Vnni,
     /// AVX2 row dot products for every batch size (the batched path before the panel GEMM,
     /// kept to measure what the GEMM brings).
     Avx2Rows,
@@ -30,6 +33,9 @@ impl DotKernel {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
+                if is_x86_feature_detected!("avxvnni") {
+                    return DotKernel::Avx2Vnni;
+                }
                 return DotKernel::Avx2;
             }
         }
@@ -38,9 +44,13 @@ impl DotKernel {
 
     /// Whether this kernel can run on this CPU.
     pub fn is_supported(self) -> bool {
+        let best = DotKernel::detect();
         match self {
             DotKernel::Portable => true,
-            DotKernel::Avx2 | DotKernel::Avx2Rows => DotKernel::detect() == DotKernel::Avx2,
+            DotKernel::Avx2 | DotKernel::Avx2Rows => {
+                matches!(best, DotKernel::Avx2 | DotKernel::Avx2Vnni)
+            }
+            DotKernel::Avx2Vnni => best == DotKernel::Avx2Vnni,
         }
     }
 
@@ -90,11 +100,11 @@ impl DotKernel {
             DotKernel::Portable => dot_portable::<F, R>(w, xs),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the caller guarantees AVX2/FMA/F16C; lengths checked above.
-            DotKernel::Avx2 | DotKernel::Avx2Rows => unsafe {
+            DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows => unsafe {
                 super::dot_avx2::row_dots::<F, R>(w, xs)
             },
             #[cfg(not(target_arch = "x86_64"))]
-            DotKernel::Avx2 | DotKernel::Avx2Rows => {
+            DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows => {
                 unreachable!("AVX2 is never supported off x86-64")
             }
         }
@@ -153,7 +163,12 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn kernels() -> Vec<DotKernel> {
-        [DotKernel::Portable, DotKernel::Avx2, DotKernel::Avx2Rows]
+        [
+            DotKernel::Portable,
+            DotKernel::Avx2,
+            DotKernel::Avx2Vnni,
+            DotKernel::Avx2Rows,
+        ]
             .into_iter()
             .filter(|k| k.is_supported())
             .collect()

@@ -8,22 +8,26 @@
 //! then one FMA applies `d · d8` for all eight rows. So the per-(row, block) scale and
 //! horizontal-sum work of the row dot products is shared eight ways, and each weight block is
 //! read and unpacked once per pair of panels (16 rows) instead of once per row.
+//!
+//! Where the CPU has AVX-VNNI, [`gemm_vnni`] replaces each `maddubs` + add (and the final
+//! `madd`) with one `vpdpbusd`, which also accumulates straight into i32.
 
 use std::arch::x86_64::*;
 
 use super::format::Format;
+use super::matmul::OutCols;
 use super::panel::{PanelBlock, PANEL_ROWS};
 
 /// Panels per tile: the tile's activations (64 rows · k bytes and scales) stay in L2 while
 /// every weight row of a task passes over them.
 const TILE_PANELS: usize = 8;
 
-/// `out_t[j * m + i] = w_j · x_i` for the `rows` weight rows in `w` and all `m` activation
-/// rows in `panels` (`m.div_ceil(8)` panels of `nb` blocks).
+/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` (the columns of `out`) and all
+/// `m` activation rows in `panels` (`m.div_ceil(8)` panels of `nb` blocks).
 ///
 /// # Safety
 /// AVX2, FMA and F16C available; `w` is `rows` rows of `nb` blocks of `F`; `panels` holds
-/// `m.div_ceil(8) * nb` blocks; `out_t` is `rows * m` values.
+/// `m.div_ceil(8) * nb` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm<F: Format>(
     w: &[u8],
@@ -31,50 +35,79 @@ pub(super) unsafe fn gemm<F: Format>(
     nb: usize,
     panels: &[PanelBlock],
     m: usize,
-    out_t: &mut [f32],
+    out: &mut OutCols,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe { gemm_body::<F, false>(w, rows, nb, panels, m, out) }
+}
+
+/// [`gemm`] with AVX-VNNI's `vpdpbusd` for the integer dot products.
+///
+/// # Safety
+/// As [`gemm`], and AVX-VNNI available.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn gemm_vnni<F: Format>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    panels: &[PanelBlock],
+    m: usize,
+    out: &mut OutCols,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe { gemm_body::<F, true>(w, rows, nb, panels, m, out) }
+}
+
+/// The body of [`gemm`] and [`gemm_vnni`], inlined into each with its features.
+#[inline(always)]
+unsafe fn gemm_body<F: Format, const VNNI: bool>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    panels: &[PanelBlock],
+    m: usize,
+    out: &mut OutCols,
 ) {
     let row_bytes = nb * F::BLOCK_BYTES;
     debug_assert_eq!(w.len(), rows * row_bytes);
     debug_assert_eq!(panels.len(), m.div_ceil(PANEL_ROWS) * nb);
-    debug_assert_eq!(out_t.len(), rows * m);
     let n_panels = m.div_ceil(PANEL_ROWS);
     let panel = |p: usize| &panels[p * nb..(p + 1) * nb];
     for t0 in (0..n_panels).step_by(TILE_PANELS) {
         let t1 = (t0 + TILE_PANELS).min(n_panels);
         for j in 0..rows {
             let wr = &w[j * row_bytes..(j + 1) * row_bytes];
-            let o = &mut out_t[j * m..(j + 1) * m];
             let mut p = t0;
+            // SAFETY (all four calls): features by contract; wr is nb blocks, each panel nb
+            // blocks.
             while p + 2 <= t1 {
-                // SAFETY: features by contract; wr is nb blocks, each panel nb blocks.
-                let r = unsafe { row_panels::<F, 2>(wr, [panel(p), panel(p + 1)]) };
-                store(o, p, r[0]);
-                store(o, p + 1, r[1]);
+                let r = unsafe { row_panels::<F, 2, VNNI>(wr, [panel(p), panel(p + 1)]) };
+                unsafe {
+                    store(out, m, j, p, r[0]);
+                    store(out, m, j, p + 1, r[1]);
+                }
                 p += 2;
             }
             if p < t1 {
-                // SAFETY: as above.
-                let r = unsafe { row_panels::<F, 1>(wr, [panel(p)]) };
-                store(o, p, r[0]);
+                let r = unsafe { row_panels::<F, 1, VNNI>(wr, [panel(p)]) };
+                unsafe { store(out, m, j, p, r[0]) };
             }
         }
     }
 }
 
-/// Writes the lanes of panel `p` that are real rows (`o` is indexed by activation row).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn store(o: &mut [f32], p: usize, v: __m256) {
+/// Writes the lanes of panel `p` that are real rows (of `m`) to column `j` of the task.
+///
+/// # Safety
+/// AVX available.
+#[inline(always)]
+unsafe fn store(out: &mut OutCols, m: usize, j: usize, p: usize, v: __m256) {
+    let mut lanes = [0.0f32; PANEL_ROWS];
+    // SAFETY: `lanes` holds 8 floats; AVX by contract.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
     let first = p * PANEL_ROWS;
-    if first + PANEL_ROWS <= o.len() {
-        // SAFETY: 8 floats from `first` are inside `o`.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(first), v) };
-    } else {
-        let mut lanes = [0.0f32; PANEL_ROWS];
-        // SAFETY: `lanes` holds 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-        let n = o.len() - first;
-        o[first..].copy_from_slice(&lanes[..n]);
+    for (l, &x) in lanes.iter().enumerate().take(m - first) {
+        out.set(first + l, j, x);
     }
 }
 
@@ -89,10 +122,13 @@ fn group<const S: i32>(v: __m256i) -> __m256i {
 /// activation row `8p + l`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C available; `wr` is whole blocks of `F`; each panel holds as many.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_panels<F: Format, const P: usize>(wr: &[u8], panels: [&[PanelBlock]; P]) -> [__m256; P] {
+/// AVX2, FMA and F16C available (and AVX-VNNI when `VNNI`); `wr` is whole blocks of `F`;
+/// each panel holds as many.
+#[inline(always)]
+unsafe fn row_panels<F: Format, const P: usize, const VNNI: bool>(
+    wr: &[u8],
+    panels: [&[PanelBlock]; P],
+) -> [__m256; P] {
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); P];
     let nb = wr.len() / F::BLOCK_BYTES;
@@ -125,8 +161,13 @@ unsafe fn row_panels<F: Format, const P: usize>(wr: &[u8], panels: [&[PanelBlock
             ];
             for (s, (ws, wa)) in steps.into_iter().enumerate() {
                 for p in 0..P {
-                    let prod = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(x(p, s), ws));
-                    isum[p] = _mm256_add_epi32(isum[p], _mm256_madd_epi16(prod, ones));
+                    let xs = _mm256_sign_epi8(x(p, s), ws);
+                    isum[p] = if VNNI {
+                        _mm256_dpbusd_avx_epi32(isum[p], wa, xs)
+                    } else {
+                        let prod = _mm256_maddubs_epi16(wa, xs);
+                        _mm256_add_epi32(isum[p], _mm256_madd_epi16(prod, ones))
+                    };
                 }
             }
         } else {
@@ -140,14 +181,22 @@ unsafe fn row_panels<F: Format, const P: usize>(wr: &[u8], panels: [&[PanelBlock
                 group::<0xAA>(hi),
                 group::<0xFF>(hi),
             ];
-            let mut s16 = [_mm256_setzero_si256(); P];
-            for (s, ws) in steps.into_iter().enumerate() {
-                for p in 0..P {
-                    s16[p] = _mm256_add_epi16(s16[p], _mm256_maddubs_epi16(ws, x(p, s)));
+            if VNNI {
+                for (s, ws) in steps.into_iter().enumerate() {
+                    for p in 0..P {
+                        isum[p] = _mm256_dpbusd_avx_epi32(isum[p], ws, x(p, s));
+                    }
                 }
-            }
-            for p in 0..P {
-                isum[p] = _mm256_madd_epi16(s16[p], ones);
+            } else {
+                let mut s16 = [_mm256_setzero_si256(); P];
+                for (s, ws) in steps.into_iter().enumerate() {
+                    for p in 0..P {
+                        s16[p] = _mm256_add_epi16(s16[p], _mm256_maddubs_epi16(ws, x(p, s)));
+                    }
+                }
+                for p in 0..P {
+                    isum[p] = _mm256_madd_epi16(s16[p], ones);
+                }
             }
         }
         let dv = _mm256_set1_ps(d);

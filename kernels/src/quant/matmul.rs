@@ -5,11 +5,12 @@
 //! ([`QuantizedActivations`], which callers may share between matmuls of the same input), then
 //! every output is an integer block dot product. Decode (m = 1) splits the weight rows across
 //! rayon threads and runs the row dot products ([`super::dot`]). A batch of
-//! [`PANEL_MIN_ROWS`] rows or more, on AVX2, interleaves the activations into 8-row panels
-//! once and runs the panel GEMM (`gemm_avx2`, after llama.cpp's repacked GEMMs), which
+//! [`PANEL_MIN_ROWS`] rows or more, on AVX2 (with AVX-VNNI where present), interleaves the
+//! activations into 8-row panels once and runs the panel GEMM (`gemm_avx2`, after
+//! llama.cpp's repacked GEMMs), which
 //! unpacks each weight block once per 16 activation rows and shares the scale work of eight.
-//! Each task owns a run of weight rows and writes them to a transposed result `[n, m]`, which
-//! one pass turns into `[m, n]`.
+//! Each task owns a run of weight rows, i.e. a range of output columns, and writes its results
+//! straight into `[m, n]`.
 
 use std::sync::OnceLock;
 
@@ -194,51 +195,98 @@ fn run<F: Format>(
         }
         return;
     }
-    let panels = (kernel == DotKernel::Avx2 && m >= PANEL_MIN_ROWS)
-        .then(|| xq.panels());
-    let mut out_t = vec![0.0f32; n * m];
-    let task = |(c, ot): (usize, &mut [f32])| {
-        let rows = ot.len() / m;
-        let wr = weight_rows(c * rows_per_task, rows);
+    let panel_kernel = matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni);
+    let panels = (panel_kernel && m >= PANEL_MIN_ROWS).then(|| xq.panels());
+    let vnni = kernel == DotKernel::Avx2Vnni;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let task = |c: usize| {
+        let j0 = c * rows_per_task;
+        let rows = rows_per_task.min(n - j0);
+        let wr = weight_rows(j0, rows);
+        // SAFETY: tasks own disjoint column ranges of `out`, which is exclusively borrowed
+        // for this call and holds m * n values.
+        let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, rows) };
         match panels {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: panels are only built for the AVX2 kernel, whose support was asserted;
+            // SAFETY: panels are only built for the AVX2 kernels, whose support was asserted;
             // shapes follow from the asserts above.
-            Some(panels) => unsafe { super::gemm_avx2::gemm::<F>(wr, rows, nb, panels, m, ot) },
+            Some(panels) => unsafe {
+                if vnni {
+                    super::gemm_avx2::gemm_vnni::<F>(wr, rows, nb, panels, m, &mut o)
+                } else {
+                    super::gemm_avx2::gemm::<F>(wr, rows, nb, panels, m, &mut o)
+                }
+            },
             #[cfg(not(target_arch = "x86_64"))]
             Some(_) => unreachable!("AVX2 is never supported off x86-64"),
             None => {
                 for i0 in (0..m).step_by(M_TILE) {
                     let i1 = (i0 + M_TILE).min(m);
-                    for (wj, o) in wr.chunks_exact(row_bytes).zip(ot.chunks_exact_mut(m)) {
+                    for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
                         // SAFETY: kernel support asserted above.
-                        unsafe { dot_tile::<F>(kernel, wj, xq, i0..i1, o) };
+                        unsafe { dot_tile::<F>(kernel, wj, xq, i0..i1, &mut o, jj) };
                     }
                 }
             }
         }
     };
-    if rows_per_task >= n {
-        task((0, &mut out_t));
+    let tasks = n.div_ceil(rows_per_task);
+    if tasks == 1 {
+        task(0);
     } else {
-        out_t
-            .par_chunks_mut(rows_per_task * m)
-            .enumerate()
-            .for_each(task);
-    }
-    let transpose = |(i, row): (usize, &mut [f32])| {
-        for (j, v) in row.iter_mut().enumerate() {
-            *v = out_t[j * m + i];
-        }
-    };
-    if m * n >= crate::PAR_MIN_ELEMS {
-        out.par_chunks_mut(n).enumerate().for_each(transpose);
-    } else {
-        out.chunks_mut(n).enumerate().for_each(transpose);
+        (0..tasks).into_par_iter().for_each(task);
     }
 }
 
-/// One weight row against activation rows `range`, four at a time; `o` is indexed by row.
+/// `out`'s base pointer, shared by the tasks of one matmul (each writes its own columns).
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+
+// SAFETY: the pointer is only written through `OutCols`, whose column ranges are disjoint
+// between tasks, while the matmul holds the only borrow of the output.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+/// Columns `j0..j0 + cols` of the `[m, n]` output, owned by one task: results are written
+/// straight into `out` (for a weight row, one value in each activation row), so no
+/// transposed copy of the output is needed.
+pub(super) struct OutCols {
+    ptr: *mut f32,
+    m: usize,
+    n: usize,
+    j0: usize,
+    cols: usize,
+}
+
+impl OutCols {
+    /// # Safety
+    /// `ptr` addresses `m * n` writable values that no one else reads or writes while this
+    /// exists, except other `OutCols` over disjoint column ranges; `j0 + cols <= n`.
+    unsafe fn new(ptr: SendPtr, m: usize, n: usize, j0: usize, cols: usize) -> Self {
+        debug_assert!(j0 + cols <= n);
+        Self {
+            ptr: ptr.0,
+            m,
+            n,
+            j0,
+            cols,
+        }
+    }
+
+    /// `out[i, j0 + jj] = v`.
+    ///
+    /// # Panics
+    /// If `i` or `jj` is out of range.
+    #[inline(always)]
+    pub(super) fn set(&mut self, i: usize, jj: usize, v: f32) {
+        assert!(i < self.m && jj < self.cols, "matmul output index out of range");
+        // SAFETY: in bounds (checked) and owned by this task (constructor's contract).
+        unsafe { *self.ptr.add(i * self.n + self.j0 + jj) = v };
+    }
+}
+
+/// Weight row `jj` of a task against activation rows `range`, four at a time.
 ///
 /// # Safety
 /// `kernel.is_supported()` must be true.
@@ -247,19 +295,23 @@ unsafe fn dot_tile<F: Format>(
     wr: &[u8],
     xq: &QuantizedActivations,
     range: std::ops::Range<usize>,
-    o: &mut [f32],
+    o: &mut OutCols,
+    jj: usize,
 ) {
     let mut i = range.start;
     while i + 4 <= range.end {
         let rows = [xq.row(i), xq.row(i + 1), xq.row(i + 2), xq.row(i + 3)];
         // SAFETY: the caller guarantees kernel support.
         let r = unsafe { kernel.row_dots::<F, 4>(wr, rows) };
-        o[i..i + 4].copy_from_slice(&r);
+        for (d, v) in r.into_iter().enumerate() {
+            o.set(i + d, jj, v);
+        }
         i += 4;
     }
     while i < range.end {
         // SAFETY: as above.
-        o[i] = unsafe { kernel.row_dots::<F, 1>(wr, [xq.row(i)]) }[0];
+        let v = unsafe { kernel.row_dots::<F, 1>(wr, [xq.row(i)]) }[0];
+        o.set(i, jj, v);
         i += 1;
     }
 }

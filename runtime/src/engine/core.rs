@@ -98,10 +98,7 @@ impl EngineCore {
                 // A resumed sequence prefills its delivered tokens after the prompt.
                 let tokens = state.scheduled_tokens();
                 let prefill = tokens.len();
-                if let Err(e) = self
-                    .scheduler
-                    .add(id, tokens, state.remaining_tokens())
-                {
+                if let Err(e) = self.scheduler.add(id, tokens, state.remaining_tokens()) {
                     state.fail(e.to_string());
                     return;
                 }

@@ -168,13 +168,20 @@ fn check_every_cut(engine: &Engine, base: &GenerationRequest) -> Run {
         let rest = run(engine, req);
         let mut all_ids = ids;
         all_ids.extend(rest.ids());
-        assert_eq!(all_ids, full.ids(), "token ids differ after a cut at delta {cut}");
+        assert_eq!(
+            all_ids,
+            full.ids(),
+            "token ids differ after a cut at delta {cut}"
+        );
         assert_eq!(
             text + &rest.text(),
             full.text(),
             "text differs after a cut at delta {cut}"
         );
-        assert_eq!(rest.finish, full.finish, "finish reason, cut at delta {cut}");
+        assert_eq!(
+            rest.finish, full.finish,
+            "finish reason, cut at delta {cut}"
+        );
         assert_eq!(
             (rest.usage.prompt_tokens, rest.usage.completion_tokens),
             (full.usage.prompt_tokens, full.usage.completion_tokens),

@@ -169,8 +169,7 @@ pub async fn bench_worker(
         completion_tokens,
         response_events: timings.iter().map(|t| t.events).sum(),
         wall_time,
-        aggregate_tokens_per_second: completion_tokens as f64
-            / wall_time.as_secs_f64().max(1e-9),
+        aggregate_tokens_per_second: completion_tokens as f64 / wall_time.as_secs_f64().max(1e-9),
         median_time_to_first_token: median(timings.iter().map(|t| t.first_token).collect()),
         median_latency: median(timings.iter().map(|t| t.total).collect()),
     })

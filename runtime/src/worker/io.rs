@@ -158,7 +158,9 @@ pub async fn read_all(shared: &Shared, id: Uuid) -> Result<Vec<ResponseEvent>, Q
     loop {
         let after = out.last().map_or(0, ResponseEvent::seq);
         let page = retry("reading a response stream", || {
-            shared.broker.read_responses(id, after, 1000, Duration::ZERO)
+            shared
+                .broker
+                .read_responses(id, after, 1000, Duration::ZERO)
         })
         .await?;
         let done = page.is_empty() || page.iter().any(ResponseEvent::is_terminal);

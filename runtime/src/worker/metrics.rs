@@ -153,8 +153,11 @@ impl Counters {
 /// Publishes the held-jobs and draining gauges.
 pub fn load(model: &str, held: usize, draining: bool) {
     metrics::gauge!("tidal_worker_jobs_held", "model" => model.to_owned()).set(held as f64);
-    metrics::gauge!("tidal_worker_draining", "model" => model.to_owned())
-        .set(if draining { 1.0 } else { 0.0 });
+    metrics::gauge!("tidal_worker_draining", "model" => model.to_owned()).set(if draining {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 #[cfg(test)]
@@ -173,7 +176,13 @@ mod tests {
         c.delivered("m", 5, Duration::from_millis(1));
         let s = c.summary();
         assert_eq!(
-            (s.claimed, s.taken_over, s.completed, s.requeued, s.tokens_delivered),
+            (
+                s.claimed,
+                s.taken_over,
+                s.completed,
+                s.requeued,
+                s.tokens_delivered
+            ),
             (2, 1, 1, 1, 5)
         );
     }

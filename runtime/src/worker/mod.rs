@@ -74,7 +74,8 @@ pub struct Worker {
     shared: Arc<Shared>,
 }
 
-/// A live view of a running worker (for health probes and `tidal up`).
+/// A live view of a running worker (for health probes and `tidal up`). It shares the
+/// worker's model: drop it too when unloading the model.
 #[derive(Clone)]
 pub struct WorkerStatus {
     shared: Arc<Shared>,
@@ -165,12 +166,7 @@ impl Worker {
         loop {
             while tasks.try_join_next().is_some() {}
             let stats = shared.model.engine.stats();
-            let room = capacity::claimable(
-                shared.registry.len(),
-                max_jobs,
-                &stats,
-                blocks_per_job,
-            );
+            let room = capacity::claimable(shared.registry.len(), max_jobs, &stats, blocks_per_job);
             if room == 0 {
                 tokio::select! {
                     _ = &mut shutdown => break,
@@ -197,12 +193,10 @@ impl Worker {
             }
             // A claim is never abandoned half-way (what it delivered would sit pending until
             // a takeover): when shutdown comes during one, it finishes first.
-            let claim = shared.broker.claim(
-                &config.model_id,
-                &config.name,
-                room,
-                config.claim_block,
-            );
+            let claim =
+                shared
+                    .broker
+                    .claim(&config.model_id, &config.name, room, config.claim_block);
             let mut claim = std::pin::pin!(claim);
             let mut stopping = false;
             let claimed = tokio::select! {
@@ -246,9 +240,7 @@ fn spawn_all(
     taken_over: bool,
 ) {
     for claimed in jobs {
-        shared
-            .counters
-            .claimed(&shared.config.model_id, taken_over);
+        shared.counters.claimed(&shared.config.model_id, taken_over);
         let (control, guard) = shared.registry.insert(claimed.clone());
         tasks.spawn(job::run(shared.clone(), claimed, control, guard));
     }

@@ -1,7 +1,11 @@
 //! The HTTP side of worker mode: `/health` (200 while serving; 503 while the model loads
-//! and once draining, so Kubernetes stops counting the pod as ready) and `/metrics`.
+//! and once draining, so Kubernetes stops counting the pod as ready), `/metrics`, and
+//! `/drain`, the pod's preStop hook: it starts the drain before Kubernetes sends SIGTERM and
+//! answers once the worker holds no job (finished or re-enqueued), so the kubelet sends the
+//! signal to a worker that has nothing left to lose.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -10,6 +14,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tidal_protocol::ApiError;
+use tokio::sync::watch;
 
 use super::WorkerStatus;
 use crate::server::HttpError;
@@ -18,14 +23,17 @@ use crate::server::HttpError;
 pub struct ProbeState {
     status: OnceLock<WorkerStatus>,
     prometheus: Option<PrometheusHandle>,
+    drain: Arc<watch::Sender<bool>>,
 }
 
 impl ProbeState {
-    /// State for a worker whose model is still loading.
-    pub fn new(prometheus: Option<PrometheusHandle>) -> Arc<Self> {
+    /// State for a worker whose model is still loading; `/drain` sets `drain` to true (the
+    /// same switch the shutdown signals set).
+    pub fn new(prometheus: Option<PrometheusHandle>, drain: Arc<watch::Sender<bool>>) -> Arc<Self> {
         Arc::new(ProbeState {
             status: OnceLock::new(),
             prometheus,
+            drain,
         })
     }
 
@@ -40,7 +48,27 @@ pub fn router(state: Arc<ProbeState>) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/drain", get(drain))
         .with_state(state)
+}
+
+/// How often `/drain` looks whether the worker still holds jobs.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+async fn drain(State(state): State<Arc<ProbeState>>) -> Response {
+    tracing::info!("drain requested over HTTP (preStop)");
+    let _ = state.drain.send(true);
+    let Some(status) = state.status.get() else {
+        // Still loading: the loader sees the switch and stops; nothing is held.
+        return Json(serde_json::json!({"status": "drained", "jobs": 0})).into_response();
+    };
+    // Bounded by the drain timeout (after it the worker re-enqueues what is left) plus the
+    // time those re-enqueues take; the kubelet's grace period bounds it as well.
+    let deadline = tokio::time::Instant::now() + status.config().drain_timeout + Duration::from_secs(10);
+    while status.held() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(DRAIN_POLL).await;
+    }
+    Json(serde_json::json!({"status": "drained", "jobs": status.held()})).into_response()
 }
 
 async fn health(State(state): State<Arc<ProbeState>>) -> Response {

@@ -141,7 +141,10 @@ mod tests {
         assert_eq!(r.requests().len(), 2);
         r.signal("1-0", Control::Cancel);
         r.signal_all(Control::Drain);
-        assert_eq!((*a.borrow(), *b.borrow()), (Control::Cancel, Control::Drain));
+        assert_eq!(
+            (*a.borrow(), *b.borrow()),
+            (Control::Cancel, Control::Drain)
+        );
         r.signal("2-0", Control::Lost);
         r.signal("2-0", Control::Cancel);
         assert_eq!(*b.borrow(), Control::Lost);

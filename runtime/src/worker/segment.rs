@@ -225,7 +225,10 @@ mod tests {
     #[test]
     fn a_fresh_segment_numbers_events_from_one_and_bills_the_prompt() {
         let mut s = Segment::new(&claimed(None, 1), 100);
-        assert_eq!((s.number(), s.bills_prompt(), s.is_resumed()), (0, true, false));
+        assert_eq!(
+            (s.number(), s.bills_prompt(), s.is_resumed()),
+            (0, true, false)
+        );
         let d = s.delta("Hel".into(), vec![1, 2]);
         assert_eq!(d.seq(), 1);
         s.written(&d);
@@ -253,7 +256,12 @@ mod tests {
         assert_eq!(s.completion_at_done(&usage), 4);
         let u = s.usage(&RUNNER, 7, 4, s.completion_at_done(&usage), 150);
         assert_eq!(
-            (u.segment, u.prompt_tokens, u.cached_prompt_tokens, u.completion_tokens),
+            (
+                u.segment,
+                u.prompt_tokens,
+                u.cached_prompt_tokens,
+                u.completion_tokens
+            ),
             (0, 7, 4, 4)
         );
         assert_eq!((u.started_at_ms, u.ended_at_ms), (100, 150));
@@ -271,7 +279,10 @@ mod tests {
             segments: 1,
         };
         let mut s = Segment::new(&claimed(Some(before), 1), 0);
-        assert_eq!((s.number(), s.bills_prompt(), s.is_resumed()), (1, false, true));
+        assert_eq!(
+            (s.number(), s.bills_prompt(), s.is_resumed()),
+            (1, false, true)
+        );
         assert_eq!(
             s.resumed_from(),
             engine::ResumeFrom {
@@ -287,16 +298,23 @@ mod tests {
             cached_tokens: 6,
             completion_tokens: 4,
         };
-        let ResponseEvent::Done { seq, usage: u, .. } = s.done(engine::FinishReason::Length, &usage)
+        let ResponseEvent::Done { seq, usage: u, .. } =
+            s.done(engine::FinishReason::Length, &usage)
         else {
             panic!()
         };
-        assert_eq!((seq, u.cached_prompt_tokens, u.completion_tokens), (4, 0, 4));
+        assert_eq!(
+            (seq, u.cached_prompt_tokens, u.completion_tokens),
+            (4, 0, 4)
+        );
         assert_eq!(s.completion_at_done(&usage), 1);
         let ev = s.usage(&RUNNER, 7, 6, 1, 10);
         assert_eq!((ev.prompt_tokens, ev.cached_prompt_tokens), (0, 0));
         let r = s.resume();
-        assert_eq!((r.token_ids, r.text_len, r.last_seq), (vec![1, 2, 3, 4], 6, 3));
+        assert_eq!(
+            (r.token_ids, r.text_len, r.last_seq),
+            (vec![1, 2, 3, 4], 6, 3)
+        );
     }
 
     #[test]

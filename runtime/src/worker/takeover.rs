@@ -77,7 +77,8 @@ pub(crate) async fn run(shared: &Shared, claimed: &ClaimedJob) -> Outcome {
         worker: &shared.config.name,
         capacity_type: shared.config.capacity_type,
     };
-    if let Some(usage) = dead_holder_usage(claimed, &events, prompt_tokens, &runner, system_now_ms())
+    if let Some(usage) =
+        dead_holder_usage(claimed, &events, prompt_tokens, &runner, system_now_ms())
     {
         if !io::publish_usage(shared, &usage).await {
             return Outcome::Abandoned;
@@ -158,10 +159,7 @@ mod tests {
         let c = claimed(None, 2);
         let evs = [delta(1, &[1, 2]), delta(2, &[3])];
         let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
-        assert_eq!(
-            (u.segment, u.prompt_tokens, u.completion_tokens),
-            (0, 9, 3)
-        );
+        assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (0, 9, 3));
         // It died before writing anything: the prompt it was given is still billed once.
         let u = dead_holder_usage(&c, &[], 9, &RUNNER, 5).unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 0));
@@ -179,10 +177,7 @@ mod tests {
         let c = claimed(Some(before.clone()), 4);
         let evs = [delta(1, &[1, 2]), delta(2, &[3, 4, 5])];
         let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
-        assert_eq!(
-            (u.segment, u.prompt_tokens, u.completion_tokens),
-            (3, 0, 3)
-        );
+        assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (3, 0, 3));
         // Nothing added: nothing to bill.
         let c = claimed(Some(before), 2);
         assert!(dead_holder_usage(&c, &evs[..1], 9, &RUNNER, 5).is_none());

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidal_queue::{Broker, BrokerConfig, Job, MemoryBroker, RedisBroker, ResponseEvent, UsageEvent};
+use tidal_queue::{
+    Broker, BrokerConfig, Job, MemoryBroker, RedisBroker, ResponseEvent, UsageEvent,
+};
 use tidal_runtime::engine::{EngineConfig, GenerationEvent, GenerationRequest};
 use tidal_runtime::load::load_model;
 use tidal_runtime::model::{write_tiny_gguf, TinySpec};
@@ -36,7 +38,9 @@ impl Harness {
     }
 
     pub async fn redis() -> Self {
-        let url = tidal_queue::testing::ensure_redis().await.expect("test Redis");
+        let url = tidal_queue::testing::ensure_redis()
+            .await
+            .expect("test Redis");
         let prefix = format!("tidal-wtest-{}:", Uuid::now_v7());
         let config = BrokerConfig {
             prefix: prefix.clone(),
@@ -187,7 +191,11 @@ pub fn prompts(n: usize) -> Vec<Vec<u32>> {
 }
 
 /// What the engine alone produces for a greedy request: token ids and text.
-pub async fn reference(model: &LoadedModel, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, String) {
+pub async fn reference(
+    model: &LoadedModel,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> (Vec<u32>, String) {
     let mut rx = model
         .engine
         .submit(GenerationRequest {
@@ -207,9 +215,7 @@ pub async fn reference(model: &LoadedModel, prompt: &[u32], max_tokens: usize) -
     while let Some(ev) = rx.recv().await {
         match ev {
             GenerationEvent::Delta {
-                text: t,
-                token_ids,
-                ..
+                text: t, token_ids, ..
             } => {
                 ids.extend(token_ids);
                 text.push_str(&t);

@@ -1,0 +1,343 @@
+//! The AVX2 build of one (token, KV head) attention task for head sizes that are a multiple
+//! of 8, walked one KV block at a time like vLLM's paged attention kernels:
+//!
+//! - a block's K (then V) rows are widened to f32 once (int8 rows times their scale, so a
+//!   dequantised row exists only in this small scratch) and shared by the group's query heads;
+//!   f32 rows are read in place;
+//! - scores are computed for eight positions at a time, one accumulator each, and reduced
+//!   together (one `hadd` tree for eight sums instead of a horizontal sum per position);
+//! - the softmax exponentials are 8-wide (ggml's `ggml_v_expf`, max error ~1.5 ulp);
+//! - for head sizes 64 and 128 the weighted sum of a block's V rows stays in registers.
+
+use std::arch::x86_64::*;
+
+use super::{GroupArgs, Rows, Scratch};
+use crate::kv_cache::elem::KvElem;
+
+/// Attention of the group of query heads sharing one KV head, for one query token.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `args.d.head_dim` is a multiple of 8; the caller validated
+/// the block table and cache sizes (as `paged_attention` does).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn attend_group<E: KvElem>(
+    args: GroupArgs<E>,
+    scratch: &mut Scratch,
+    out_g: &mut [f32],
+) {
+    let GroupArgs {
+        q_g,
+        k,
+        v,
+        seq,
+        pos,
+        kvh,
+        d,
+    } = args;
+    let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
+    debug_assert!(hd.is_multiple_of(8));
+    let ctx = pos + 1;
+    let Scratch { scores, rows } = scratch;
+    scores.clear();
+    scores.resize(group * ctx, 0.0);
+    rows.resize(bs * hd, 0.0);
+    let blocks = || {
+        seq.block_table
+            .iter()
+            .enumerate()
+            .map(move |(b, &blk)| (b * bs, blk as usize))
+            .take_while(move |&(first, _)| first < ctx)
+            .map(move |(first, blk)| (first, blk, bs.min(ctx - first)))
+    };
+
+    for (first, blk, n) in blocks() {
+        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
+        let (base, stride) = unsafe { widen(&k, blk, kvh, n, d, rows) };
+        for g in 0..group {
+            let q = &q_g[g * hd..(g + 1) * hd];
+            let s = &mut scores[g * ctx + first..g * ctx + first + n];
+            let mut o = 0;
+            while o + 8 <= n {
+                // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
+                unsafe {
+                    let dots = dot8(q, base.add(o * stride), stride);
+                    _mm256_storeu_ps(s.as_mut_ptr().add(o), _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)));
+                }
+                o += 8;
+            }
+            while o < n {
+                // SAFETY: row o is readable.
+                s[o] = unsafe { dot1(q, base.add(o * stride)) } * d.scale;
+                o += 1;
+            }
+        }
+    }
+
+    for s in scores.chunks_exact_mut(ctx) {
+        // SAFETY: features by contract.
+        unsafe { softmax(s) };
+    }
+
+    out_g.fill(0.0);
+    for (first, blk, n) in blocks() {
+        // SAFETY: as for K.
+        let (base, stride) = unsafe { widen(&v, blk, kvh, n, d, rows) };
+        for g in 0..group {
+            let w = &scores[g * ctx + first..g * ctx + first + n];
+            let out = &mut out_g[g * hd..(g + 1) * hd];
+            // SAFETY: n rows of hd values at `stride`; out is hd values.
+            unsafe {
+                match hd {
+                    64 => weigh::<8>(w, base, stride, out),
+                    128 => weigh::<16>(w, base, stride, out),
+                    _ => weigh_any(w, base, stride, out),
+                }
+            }
+        }
+    }
+}
+
+/// Rows of block `blk` for KV head `kvh` as f32: `(first row, stride)`. f32 rows are the
+/// cache itself; f16 and int8 rows (times their scales) are widened into `scratch`.
+///
+/// # Safety
+/// AVX2/F16C available; the block's `n` rows are inside `rows.values`; `scratch` holds
+/// `n * head_dim` values.
+#[inline(always)]
+unsafe fn widen<E: KvElem>(
+    cache: &Rows<'_, E>,
+    blk: usize,
+    kvh: usize,
+    n: usize,
+    d: &super::Dims,
+    scratch: &mut [f32],
+) -> (*const f32, usize) {
+    let hd = d.head_dim;
+    let kv_width = d.n_kv_heads * hd;
+    let si0 = blk * d.block_size * d.n_kv_heads + kvh;
+    let at0 = si0 * hd;
+    assert!(at0 + (n.max(1) - 1) * kv_width + hd <= cache.values.len());
+    if let Some(f) = E::as_f32(cache.values) {
+        return (f[at0..].as_ptr(), kv_width);
+    }
+    for o in 0..n {
+        let sv = _mm256_set1_ps(cache.scale(si0 + o * d.n_kv_heads));
+        for j in (0..hd).step_by(8) {
+            // SAFETY: bounds asserted above and by the caller's scratch size.
+            unsafe {
+                let x = E::load8(cache.values.as_ptr().add(at0 + o * kv_width + j));
+                _mm256_storeu_ps(scratch.as_mut_ptr().add(o * hd + j), _mm256_mul_ps(x, sv));
+            }
+        }
+    }
+    (scratch.as_ptr(), hd)
+}
+
+/// Dot products of `q` with the 8 rows at `rows`, `rows + stride`, ...
+///
+/// # Safety
+/// AVX2/FMA; 8 rows of `q.len()` (a multiple of 8) values readable.
+#[inline(always)]
+unsafe fn dot8(q: &[f32], rows: *const f32, stride: usize) -> __m256 {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for j in (0..q.len()).step_by(8) {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(j));
+            for (p, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows.add(p * stride + j)), *a);
+            }
+        }
+        // Transpose-and-add: lane p of the result is the sum of acc[p].
+        let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+        let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+        let s45 = _mm256_hadd_ps(acc[4], acc[5]);
+        let s67 = _mm256_hadd_ps(acc[6], acc[7]);
+        let s0123 = _mm256_hadd_ps(s01, s23);
+        let s4567 = _mm256_hadd_ps(s45, s67);
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(s0123, s4567),
+            _mm256_permute2f128_ps::<0x31>(s0123, s4567),
+        )
+    }
+}
+
+/// Dot product of `q` with the row at `row`.
+///
+/// # Safety
+/// AVX2/FMA; `q.len()` (a multiple of 8) values readable at `row`.
+#[inline(always)]
+unsafe fn dot1(q: &[f32], row: *const f32) -> f32 {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let mut acc = _mm256_setzero_ps();
+        for j in (0..q.len()).step_by(8) {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(j)), _mm256_loadu_ps(row.add(j)), acc);
+        }
+        crate::kv_cache::elem::avx2::hsum(acc)
+    }
+}
+
+/// `out += Σ_o w[o] · row_o` for a head of `8 · NV` values, the sum kept in registers.
+///
+/// # Safety
+/// AVX2/FMA; `w.len()` rows of `8 · NV` values at `stride`; `out` is `8 · NV` values.
+#[inline(always)]
+unsafe fn weigh<const NV: usize>(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for (o, &wo) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wo);
+            let row = rows.add(o * stride);
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * j)), *a);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            let p = out.as_mut_ptr().add(8 * j);
+            _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), *a));
+        }
+    }
+}
+
+/// [`weigh`] for any head size that is a multiple of 8 (accumulates in `out`).
+///
+/// # Safety
+/// As [`weigh`] with `out.len()` values per row.
+#[inline(always)]
+unsafe fn weigh_any(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        for (o, &wo) in w.iter().enumerate() {
+            let wv = _mm256_set1_ps(wo);
+            let row = rows.add(o * stride);
+            for j in (0..out.len()).step_by(8) {
+                let p = out.as_mut_ptr().add(j);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(j)), _mm256_loadu_ps(p)));
+            }
+        }
+    }
+}
+
+/// `s = softmax(s)` in place: subtract the maximum, exponentiate, normalise.
+///
+/// # Safety
+/// AVX2/FMA available.
+#[inline(always)]
+unsafe fn softmax(s: &mut [f32]) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mv = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let mut tail = 0.0f32;
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: c is 8 floats.
+        unsafe {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
+            _mm256_storeu_ps(c.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = (*v - max).exp();
+        tail += *v;
+    }
+    // SAFETY: features by contract.
+    let inv = 1.0 / (unsafe { crate::kv_cache::elem::avx2::hsum(sum) } + tail);
+    crate::simd::scale(s, inv);
+}
+
+/// `e^x` for 8 lanes: ggml's `ggml_v_expf` (ARM's optimized-routines algorithm), 1.5 ulp.
+///
+/// # Safety
+/// AVX2 and FMA available.
+#[inline(always)]
+unsafe fn exp(x: __m256) -> __m256 {
+    // SAFETY: by the caller's contract.
+    let c = |bits: u32| unsafe { _mm256_set1_ps(f32::from_bits(bits)) };
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let r = c(0x4b40_0000); // 0x1.8p23
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r); // x · log2(e) + r
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(
+            n,
+            c(0x35bf_be8e),
+            _mm256_fnmadd_ps(n, c(0x3f31_7200), x),
+        );
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_mul_ps(c(0x3f7f_fff6), b),
+        );
+        if _mm256_movemask_ps(big) == 0 {
+            return _mm256_fmadd_ps(j, k, k);
+        }
+        let g = _mm256_and_si256(
+            _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+            _mm256_set1_epi32(0x8200_0000u32 as i32),
+        );
+        let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+        let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+        let huge = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        _mm256_or_ps(
+            _mm256_and_ps(huge, _mm256_mul_ps(s1, s1)),
+            _mm256_andnot_ps(
+                huge,
+                _mm256_or_ps(
+                    _mm256_and_ps(big, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                    _mm256_andnot_ps(big, _mm256_fmadd_ps(k, j, k)),
+                ),
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp8(x: [f32; 8]) -> [f32; 8] {
+        let mut out = [0.0; 8];
+        // SAFETY: 8 floats each.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), exp(_mm256_loadu_ps(x.as_ptr()))) };
+        out
+    }
+
+    #[test]
+    fn vector_exp_matches_libm_over_the_softmax_range() {
+        if !super::super::simd_level_avx2() {
+            return;
+        }
+        let mut x = -120.0f32;
+        while x <= 10.0 {
+            let xs: [f32; 8] = std::array::from_fn(|i| x + i as f32 * 0.0037);
+            // SAFETY: AVX2/FMA detected above.
+            let got = unsafe { exp8(xs) };
+            for (g, v) in got.iter().zip(xs) {
+                let want = v.exp();
+                assert!(
+                    (g - want).abs() <= want * 4e-7 + f32::MIN_POSITIVE,
+                    "exp({v}) = {g}, libm {want}"
+                );
+            }
+            x += 0.031;
+        }
+        // Underflow to zero and -inf (a fully masked score) stay finite.
+        // SAFETY: as above.
+        let got = unsafe { exp8([-200.0, -1e30, f32::NEG_INFINITY, 0.0, 88.0, -87.0, -103.0, 1.0]) };
+        assert_eq!(&got[..4], &[0.0, 0.0, 0.0, 1.0]);
+        assert!((got[4] / 88f32.exp() - 1.0).abs() < 1e-6);
+    }
+}

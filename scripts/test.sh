@@ -9,6 +9,14 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 bash scripts/services.sh
 bash scripts/fetch-model.sh >/dev/null
+# The chart-rendering tests need Helm's template engine; without it they skip with a message.
+if [ -z "${TIDAL_HELM_PYTHON:-}" ] && ! command -v helm >/dev/null; then
+    if helm_py="$(bash scripts/helm-venv.sh)"; then
+        export TIDAL_HELM_PYTHON="$helm_py"
+    else
+        echo "test.sh: cannot install helm-python-sdk; the chart rendering tests will skip" >&2
+    fi
+fi
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -28,13 +28,24 @@ impl Drop for KillOnDrop {
 }
 
 fn tidal_json(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidal")).args(args).output().unwrap();
-    assert!(out.status.success(), "tidal {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tidal {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Platform {
@@ -74,7 +85,14 @@ async fn platform(test: &str, max_queue_wait_ms: u64) -> Platform {
     let gateway = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tidal"))
             .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--redis", &queue.url, "--database", &db, "--key-prefix", &queue.prefix])
+            .args([
+                "--redis",
+                &queue.url,
+                "--database",
+                &db,
+                "--key-prefix",
+                &queue.prefix,
+            ])
             .args(["--cache-ttl-ms", "200"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -108,7 +126,12 @@ fn key_for(db: &str, tenant: &str) -> String {
 }
 
 /// One streaming chat request; returns (content, prompt tokens, completion tokens).
-async fn stream_chat(client: &reqwest::Client, base: &str, key: &str, i: usize) -> (String, u64, u64) {
+async fn stream_chat(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    i: usize,
+) -> (String, u64, u64) {
     let r = client
         .post(format!("{base}/v1/chat/completions"))
         .bearer_auth(key)
@@ -127,7 +150,10 @@ async fn stream_chat(client: &reqwest::Client, base: &str, key: &str, i: usize) 
     assert_eq!(r.status(), 200);
     assert!(r.headers().contains_key("x-request-id"));
     let body = r.text().await.unwrap();
-    let data: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
     let chunks: Vec<Value> = data[..data.len() - 1]
         .iter()
@@ -147,11 +173,18 @@ async fn stream_chat(client: &reqwest::Client, base: &str, key: &str, i: usize) 
             }
         }
     }
-    assert!(matches!(finish.as_deref(), Some("stop" | "length")), "{body}");
+    assert!(
+        matches!(finish.as_deref(), Some("stop" | "length")),
+        "{body}"
+    );
     let usage = &chunks.last().unwrap()["usage"];
     let completion = usage["completion_tokens"].as_u64().unwrap();
     assert!((1..=16).contains(&completion), "{usage}");
-    (content, usage["prompt_tokens"].as_u64().unwrap(), completion)
+    (
+        content,
+        usage["prompt_tokens"].as_u64().unwrap(),
+        completion,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -194,7 +227,11 @@ async fn fifty_streams_from_three_tenants_through_the_gateway_and_two_workers() 
         workers.insert(u.worker.clone());
     }
     for t in tenants {
-        assert_eq!(metered.get(t).copied(), billed.get(t).copied(), "tenant {t}");
+        assert_eq!(
+            metered.get(t).copied(),
+            billed.get(t).copied(),
+            "tenant {t}"
+        );
     }
     assert_eq!(workers.len(), 2, "both workers served: {workers:?}");
     drop((w1, w2));
@@ -223,7 +260,11 @@ async fn without_workers_requests_wait_and_an_expired_one_never_runs() {
         .unwrap();
     assert_eq!(r.status(), 503);
     assert!(t0.elapsed() >= Duration::from_secs(2));
-    let expired: uuid::Uuid = r.headers()["x-request-id"].to_str().unwrap().parse().unwrap();
+    let expired: uuid::Uuid = r.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let err: Value = r.json().await.unwrap();
     assert_eq!(err["error"]["type"], "server_error", "{err}");
 
@@ -244,12 +285,19 @@ async fn without_workers_requests_wait_and_an_expired_one_never_runs() {
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!waiting.is_finished(), "answered with no worker running");
-    assert_eq!(p.queue.broker.depth(MODEL_ID).await.unwrap().backlog, 1, "the expired job was withdrawn");
+    assert_eq!(
+        p.queue.broker.depth(MODEL_ID).await.unwrap().backlog,
+        1,
+        "the expired job was withdrawn"
+    );
     let _w = WorkerProcess::start(&model, &p.queue, "late", "30s", "10s");
     let r = waiting.await.unwrap();
     assert_eq!(r.status(), 200);
     let done: Value = r.json().await.unwrap();
-    assert!(done["usage"]["completion_tokens"].as_u64().unwrap() >= 1, "{done}");
+    assert!(
+        done["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+        "{done}"
+    );
     wait_settled(&*p.queue.broker).await;
 
     // The expired request never ran: no response event and no usage for it.
@@ -274,9 +322,19 @@ async fn counted_stream(
     request: Value,
     chunks: Arc<AtomicU64>,
 ) -> (uuid::Uuid, String) {
-    let r = client.post(url).bearer_auth(key).json(&request).send().await.unwrap();
+    let r = client
+        .post(url)
+        .bearer_auth(key)
+        .json(&request)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let id = r.headers()["x-request-id"].to_str().unwrap().parse().unwrap();
+    let id = r.headers()["x-request-id"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut body = r.bytes_stream();
     let mut text = String::new();
     while let Some(part) = body.next().await {
@@ -284,12 +342,19 @@ async fn counted_stream(
         chunks.fetch_add(1, Ordering::Relaxed);
         text.push_str(std::str::from_utf8(&part).unwrap());
     }
-    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
     let content = data[..data.len() - 1]
         .iter()
         .map(|d| serde_json::from_str::<Value>(d).unwrap())
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
         .collect();
     (id, content)
 }
@@ -334,7 +399,10 @@ async fn a_worker_killed_mid_stream_is_invisible_to_gateway_clients() {
                 _ => None,
             })
             .collect();
-        assert_eq!(got, expected, "a client saw a different stream than the undisturbed run");
+        assert_eq!(
+            got, expected,
+            "a client saw a different stream than the undisturbed run"
+        );
     }
     wait_settled(&*p.queue.broker).await;
     let usage = usage_events(&*p.queue.broker).await;
@@ -352,7 +420,14 @@ async fn a_worker_killed_mid_stream_is_invisible_to_gateway_clients() {
         };
         let (prompt, completion, _) = per_request[id];
         assert_eq!(prompt, u.prompt_tokens, "the prompt is billed exactly once");
-        assert_eq!(completion, MAX_TOKENS as u64, "every delivered token is billed once");
+        assert_eq!(
+            completion, MAX_TOKENS as u64,
+            "every delivered token is billed once"
+        );
     }
-    assert!(per_request.values().any(|&(_, _, segments)| segments > 1), "nothing was taken over:\n{}", survivor.log_text());
+    assert!(
+        per_request.values().any(|&(_, _, segments)| segments > 1),
+        "nothing was taken over:\n{}",
+        survivor.log_text()
+    );
 }

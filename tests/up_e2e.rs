@@ -13,10 +13,17 @@ const MODEL: &str = "smol";
 
 fn default_model() -> PathBuf {
     let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fetch-model.sh"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/fetch-model.sh"
+        ))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
@@ -66,7 +73,13 @@ async fn status(client: &reqwest::Client, base: &str, admin: &str) -> Option<Val
     r.json().await.ok()
 }
 
-async fn wait_for_state(client: &reqwest::Client, base: &str, admin: &str, state: &str, within: Duration) -> Value {
+async fn wait_for_state(
+    client: &reqwest::Client,
+    base: &str,
+    admin: &str,
+    state: &str,
+    within: Duration,
+) -> Value {
     let deadline = Instant::now() + within;
     loop {
         if let Some(s) = status(client, base, admin).await {
@@ -154,7 +167,14 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
         .args(["up", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--model")
         .arg(format!("{MODEL}={}", model.display()))
-        .args(["--scale-to-zero-after", "3s", "--kv-cache-memory", "256MiB", "--drain-timeout", "5s"])
+        .args([
+            "--scale-to-zero-after",
+            "3s",
+            "--kv-cache-memory",
+            "256MiB",
+            "--drain-timeout",
+            "5s",
+        ])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .env("RUST_LOG", "info")
@@ -173,13 +193,28 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
                 break v;
             }
         }
-        assert!(up.0.try_wait().unwrap().is_none(), "tidal up exited:\n{}", logs(dir.path()));
-        assert!(Instant::now() < deadline, "no credentials:\n{}", logs(dir.path()));
+        assert!(
+            up.0.try_wait().unwrap().is_none(),
+            "tidal up exited:\n{}",
+            logs(dir.path())
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no credentials:\n{}",
+            logs(dir.path())
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let key = creds["api_key"].as_str().unwrap().to_owned();
     let admin = creds["admin_token"].as_str().unwrap().to_owned();
-    let first = wait_for_state(&client, &base, &admin, "scaled_to_zero", Duration::from_secs(60)).await;
+    let first = wait_for_state(
+        &client,
+        &base,
+        &admin,
+        "scaled_to_zero",
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(first["models"][0]["id"], MODEL);
 
     // Bad key: 401 with an OpenAI error body.
@@ -213,7 +248,14 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
     let rss_loaded = rss_mib(up.0.id());
 
     // Idle past 3 s: the worker stops and the model's memory is released.
-    let zero = wait_for_state(&client, &base, &admin, "scaled_to_zero", Duration::from_secs(60)).await;
+    let zero = wait_for_state(
+        &client,
+        &base,
+        &admin,
+        "scaled_to_zero",
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(zero["models"][0]["ready"], 0);
     assert_eq!(zero["models"][0]["cold_starts"], 1);
     let rss_zero = rss_mib(up.0.id());
@@ -233,13 +275,21 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
 
     // Ctrl-C: a clean exit, with every usage event in the ledger.
     let pid = up.0.id().to_string();
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
     let deadline = Instant::now() + Duration::from_secs(60);
     let code = loop {
         if let Some(code) = up.0.try_wait().unwrap() {
             break code;
         }
-        assert!(Instant::now() < deadline, "no exit after SIGINT:\n{}", logs(dir.path()));
+        assert!(
+            Instant::now() < deadline,
+            "no exit after SIGINT:\n{}",
+            logs(dir.path())
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(code.success(), "exit {code:?}:\n{}", logs(dir.path()));
@@ -254,15 +304,27 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
     let report = Command::new(env!("CARGO_BIN_EXE_tidal"))
         .args(["report", "--tenant", "local"])
         .arg("--database")
-        .arg(format!("sqlite://{}", dir.path().join("data/ledger.sqlite").display()))
+        .arg(format!(
+            "sqlite://{}",
+            dir.path().join("data/ledger.sqlite").display()
+        ))
         .output()
         .unwrap();
-    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
     let report: Value = serde_json::from_slice(&report.stdout).unwrap();
     let totals = &report["totals"];
-    let billed_prompt = totals["input_tokens"].as_u64().unwrap() + totals["cached_input_tokens"].as_u64().unwrap();
+    let billed_prompt =
+        totals["input_tokens"].as_u64().unwrap() + totals["cached_input_tokens"].as_u64().unwrap();
     assert_eq!(billed_prompt, prompt, "{report}");
-    assert_eq!(totals["output_tokens"].as_u64().unwrap(), completion, "{report}");
+    assert_eq!(
+        totals["output_tokens"].as_u64().unwrap(),
+        completion,
+        "{report}"
+    );
     assert_eq!(totals["segments"], 3, "{report}");
     assert!(report["cost_micros"].as_i64().unwrap() > 0, "{report}");
 }

@@ -51,7 +51,15 @@ fn bench(c: &mut Criterion) {
             for dtype in KvDtype::ALL {
                 let mut k_cache = KvBuffer::new(dtype, slots, N_KV, HEAD_DIM);
                 let mut v_cache = KvBuffer::new(dtype, slots, N_KV, HEAD_DIM);
-                write_kv(k_cache.view_mut(), v_cache.view_mut(), &k, &v, &all, N_KV, HEAD_DIM);
+                write_kv(
+                    k_cache.view_mut(),
+                    v_cache.view_mut(),
+                    &k,
+                    &v,
+                    &all,
+                    N_KV,
+                    HEAD_DIM,
+                );
                 group.bench_function(
                     BenchmarkId::new(format!("{dtype}_batch{batch}"), format!("ctx{ctx}")),
                     |b| {

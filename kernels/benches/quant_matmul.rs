@@ -43,7 +43,10 @@ fn candle_blocks<T: GgmlType>(w: &[u8]) -> Vec<T> {
 }
 
 /// candle's matmul of `ty` on `w`, as a closure over the converted blocks.
-fn candle_matmul(ty: QuantType, w: &[u8]) -> Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])> {
+fn candle_matmul(
+    ty: QuantType,
+    w: &[u8],
+) -> Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])> {
     fn boxed<T: GgmlType + 'static>(
         w: &[u8],
     ) -> Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])> {

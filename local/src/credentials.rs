@@ -67,9 +67,7 @@ pub async fn ensure(
         if ledger.authenticate(&c.api_key).await?.is_some() {
             return Ok((c.clone(), false));
         }
-        tracing::warn!(
-            "the saved API key is not in this ledger (new ledger?); issuing a new one"
-        );
+        tracing::warn!("the saved API key is not in this ledger (new ledger?); issuing a new one");
     }
     let now = Utc::now();
     ledger
@@ -138,7 +136,10 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(path(dir.path())).unwrap().permissions().mode();
+            let mode = std::fs::metadata(path(dir.path()))
+                .unwrap()
+                .permissions()
+                .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
     }
@@ -153,14 +154,20 @@ mod tests {
         assert!(new);
         assert_ne!(second.api_key, first.api_key);
         assert_eq!(second.admin_token, first.admin_token);
-        assert!(fresh_ledger.authenticate(&second.api_key).await.unwrap().is_some());
+        assert!(fresh_ledger
+            .authenticate(&second.api_key)
+            .await
+            .unwrap()
+            .is_some());
     }
 
     #[tokio::test]
     async fn corrupt_credentials_are_an_error_not_silently_replaced() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(path(dir.path()), b"{not json").unwrap();
-        let err = ensure(dir.path(), &ledger(dir.path()).await).await.unwrap_err();
+        let err = ensure(dir.path(), &ledger(dir.path()).await)
+            .await
+            .unwrap_err();
         assert!(matches!(err, CredentialsError::Corrupt(..)), "{err}");
     }
 }

@@ -68,9 +68,8 @@ impl Launcher for RuntimeLauncher {
             .cloned()
             .ok_or_else(|| LaunchError(format!("no model `{model}` in this fleet")))?;
         let started = Instant::now();
-        let load = tokio::task::spawn_blocking(move || {
-            load_model(&spec.path, spec.engine, spec.quantize)
-        });
+        let load =
+            tokio::task::spawn_blocking(move || load_model(&spec.path, spec.engine, spec.quantize));
         // A stop that arrives while loading abandons the load (the model is dropped as soon
         // as it is ready).
         let loaded = tokio::select! {
@@ -90,7 +89,12 @@ impl Launcher for RuntimeLauncher {
                 let _ = stop.wait_for(|s| *s).await;
             })
             .await;
-        tracing::info!(model, worker = name, ?summary, "worker drained; model unloaded");
+        tracing::info!(
+            model,
+            worker = name,
+            ?summary,
+            "worker drained; model unloaded"
+        );
         Ok(())
     }
 }

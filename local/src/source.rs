@@ -49,7 +49,9 @@ pub enum SourceError {
     EmptyName(String),
     #[error("invalid model name `{0}`: use letters, digits, '-', '_', '.' and inner '/' (a path with '=' needs file://)")]
     BadName(String),
-    #[error("unsupported model source scheme `{0}` (use a path, file://, https://, hf:// or `default`)")]
+    #[error(
+        "unsupported model source scheme `{0}` (use a path, file://, https://, hf:// or `default`)"
+    )]
     Scheme(String),
     #[error("`{0}`: hf:// sources look like hf://ORG/REPO/FILE.gguf")]
     HfShape(String),
@@ -190,12 +192,21 @@ mod tests {
         let s = parse("chat=/m/x.gguf").unwrap();
         assert_eq!(s.name, "chat");
         let s = parse("team/small=default").unwrap();
-        assert_eq!((s.name.as_str(), &s.location), ("team/small", &Location::Default));
+        assert_eq!(
+            (s.name.as_str(), &s.location),
+            ("team/small", &Location::Default)
+        );
         // A path with '=' in it needs file:// (its head is not a valid name).
         assert!(matches!(parse("/a=b/x.gguf"), Err(SourceError::BadName(_))));
         assert_eq!(parse("file:///a=b/x.gguf").unwrap().name, "x");
-        assert_eq!(parse("=x.gguf").unwrap_err(), SourceError::EmptyName("=x.gguf".into()));
-        assert!(matches!(parse("bad name=x.gguf"), Err(SourceError::BadName(_))));
+        assert_eq!(
+            parse("=x.gguf").unwrap_err(),
+            SourceError::EmptyName("=x.gguf".into())
+        );
+        assert!(matches!(
+            parse("bad name=x.gguf"),
+            Err(SourceError::BadName(_))
+        ));
     }
 
     #[test]
@@ -218,7 +229,10 @@ mod tests {
             parse("https://h/m.gguf#sha256=12"),
             Err(SourceError::BadSha(_))
         ));
-        assert!(matches!(parse("https://h/m.gguf#md5=12"), Err(SourceError::BadSha(_))));
+        assert!(matches!(
+            parse("https://h/m.gguf#md5=12"),
+            Err(SourceError::BadSha(_))
+        ));
     }
 
     #[test]
@@ -232,7 +246,10 @@ mod tests {
             }
         );
         assert_eq!(s.name, "f.q4_0");
-        assert!(matches!(parse("hf://org/repo"), Err(SourceError::HfShape(_))));
+        assert!(matches!(
+            parse("hf://org/repo"),
+            Err(SourceError::HfShape(_))
+        ));
         assert!(matches!(parse("s3://b/k.gguf"), Err(SourceError::Scheme(s)) if s == "s3"));
     }
 }

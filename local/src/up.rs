@@ -177,10 +177,8 @@ pub async fn run(
         .ledger_url
         .clone()
         .unwrap_or_else(|| crate::paths::local_ledger_url(&config.data_dir));
-    std::fs::create_dir_all(&config.data_dir).map_err(|e| UpError::Task(format!(
-        "creating {}: {e}",
-        config.data_dir.display()
-    )))?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| UpError::Task(format!("creating {}: {e}", config.data_dir.display())))?;
     let ledger_err = |source| UpError::Ledger {
         url: ledger_url.clone(),
         source,
@@ -217,7 +215,9 @@ pub async fn run(
     let mut fleet_models = Vec::new();
     let mut launch = HashMap::new();
     for (name, path, context_length) in &resolved {
-        publish_price(&ledger, name, &billing_prices).await.map_err(ledger_err)?;
+        publish_price(&ledger, name, &billing_prices)
+            .await
+            .map_err(ledger_err)?;
         fleet_models.push(FleetModel {
             record: ModelRecord {
                 id: name.clone(),
@@ -321,7 +321,10 @@ pub async fn run(
         addr,
         credentials: creds,
         new_credentials,
-        models: resolved.iter().map(|(n, p, _)| (n.clone(), p.clone())).collect(),
+        models: resolved
+            .iter()
+            .map(|(n, p, _)| (n.clone(), p.clone()))
+            .collect(),
         ledger_url: ledger_url.clone(),
     });
 
@@ -335,7 +338,9 @@ pub async fn run(
     for (name, _, _) in &resolved {
         match fail_leftovers(broker.as_ref(), name).await {
             Ok(0) => {}
-            Ok(n) => tracing::warn!(model = %name, jobs = n, "answered queued requests with an error"),
+            Ok(n) => {
+                tracing::warn!(model = %name, jobs = n, "answered queued requests with an error")
+            }
             Err(e) => tracing::error!(model = %name, error = %e, "cannot answer queued requests"),
         }
     }
@@ -355,7 +360,9 @@ pub async fn run(
     .await
     .is_ok();
     if !caught_up {
-        tracing::warn!("the metering consumer did not catch up in 10 s; unrecorded usage stays in the broker");
+        tracing::warn!(
+            "the metering consumer did not catch up in 10 s; unrecorded usage stays in the broker"
+        );
     }
     let _ = stop_meter_tx.send(true);
     match metering.await {
@@ -404,10 +411,15 @@ async fn publish_price(
 
 /// Answers every job still queued for `model` with a 503 error event (the platform is
 /// stopping and no worker is left to run it); returns how many.
-async fn fail_leftovers(broker: &dyn Broker, model: &str) -> Result<usize, tidal_queue::QueueError> {
+async fn fail_leftovers(
+    broker: &dyn Broker,
+    model: &str,
+) -> Result<usize, tidal_queue::QueueError> {
     let mut answered = 0;
     loop {
-        let jobs = broker.claim(model, "local-shutdown", 64, Duration::ZERO).await?;
+        let jobs = broker
+            .claim(model, "local-shutdown", 64, Duration::ZERO)
+            .await?;
         if jobs.is_empty() {
             return Ok(answered);
         }

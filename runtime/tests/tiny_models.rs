@@ -159,16 +159,10 @@ fn requantised_weights_are_owned_and_close() {
         }],
     };
     let a = exact
-        .forward(
-            &batch,
-            &mut KvStorage::new(c, KvDtype::F32, 1, 16),
-        )
+        .forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
         .unwrap();
     let b = q8
-        .forward(
-            &batch,
-            &mut KvStorage::new(c, KvDtype::F32, 1, 16),
-        )
+        .forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
         .unwrap();
     let argmax = |v: &[f32]| {
         v.iter()

@@ -19,6 +19,8 @@ use tidal_billing::queue_source::{redis_broker, QueueSource, QueueSourceConfig};
 use tidal_billing::Ledger;
 use tokio::sync::watch;
 
+use super::signals::terminated;
+
 /// Flags of `tidal billing`.
 #[derive(Args, Debug)]
 pub struct BillingArgs {
@@ -53,29 +55,6 @@ fn default_consumer() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "billing".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-async fn terminated() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 async fn stopped(mut rx: watch::Receiver<bool>) {

@@ -11,6 +11,8 @@ use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tidal_controller::RunConfig;
 
+use super::signals::terminated;
+
 /// Flags of `tidal controller`.
 #[derive(Args, Debug)]
 pub struct ControllerArgs {
@@ -41,29 +43,6 @@ pub struct ControllerArgs {
     /// Seconds between two autoscaling decisions of a Model.
     #[arg(long, default_value_t = 2.0)]
     pub tick_secs: f64,
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-async fn terminated() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 /// Runs the controller.

@@ -15,6 +15,8 @@ use tidal_billing::Ledger;
 use tidal_gateway::{Gateway, GatewayConfig, RedisLimiter};
 use tidal_queue::{Broker, BrokerConfig, RedisBroker};
 
+use super::signals::terminated;
+
 /// Flags of `tidal gateway`.
 #[derive(Args, Debug)]
 pub struct GatewayArgs {
@@ -42,28 +44,6 @@ pub struct GatewayArgs {
     /// Seconds to wait for open connections after a stop signal.
     #[arg(long, default_value_t = 30)]
     pub drain_timeout_secs: u64,
-}
-
-async fn terminated() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot watch SIGTERM; Ctrl-C only");
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 /// Serves until a signal.

@@ -208,7 +208,10 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     let summary = worker.run(signalled(shutdown)).await;
     tracing::info!(?summary, "worker exited");
     let _ = probes_done.send(true);
-    if tokio::time::timeout(Duration::from_secs(5), probe_server).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), probe_server)
+        .await
+        .is_err()
+    {
         tracing::warn!("health server did not stop in 5 s");
     }
     Ok(())

@@ -84,7 +84,10 @@ fn render(body: &Value) -> String {
             cold
         ));
     }
-    let rows = body["usage"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let rows = body["usage"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
     out.push_str("\nUSAGE THIS MONTH\n");
     if rows.is_empty() {
         out.push_str("  none yet\n");
@@ -123,7 +126,11 @@ mod tests {
         let text = render(&body);
         assert!(text.contains("smol"), "{text}");
         assert!(text.contains("1.25s"), "{text}");
-        assert!(text.lines().any(|l| l.starts_with("local") && l.ends_with(" 7")), "{text}");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("local") && l.ends_with(" 7")),
+            "{text}"
+        );
         let empty = render(&serde_json::json!({"models": [], "usage": []}));
         assert!(empty.contains("none yet"));
     }

@@ -145,11 +145,18 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 fn print_banner(s: &Started) {
     let base = format!("http://{}/v1", s.addr);
     let key = &s.credentials.api_key;
-    let model = s.models.first().map(|(n, _)| n.as_str()).unwrap_or_default();
+    let model = s
+        .models
+        .first()
+        .map(|(n, _)| n.as_str())
+        .unwrap_or_default();
     let names: Vec<&str> = s.models.iter().map(|(n, _)| n.as_str()).collect();
     println!();
     println!("Tidal is up at {base}");
-    println!("  models:  {} (scaled to zero until the first request)", names.join(", "));
+    println!(
+        "  models:  {} (scaled to zero until the first request)",
+        names.join(", ")
+    );
     println!("  ledger:  {}", s.ledger_url);
     println!(
         "  API key of tenant `{}`: {key}{}",

@@ -38,7 +38,9 @@ impl From<Error> for HttpError {
         match e {
             Error::Forbidden(m) => HttpError::forbidden(m),
             Error::Invalid(m) => HttpError(ApiError::bad_request(m)),
-            Error::NotFound(m) => HttpError(ApiError::not_found("not_found", format!("not found: {m}"))),
+            Error::NotFound(m) => {
+                HttpError(ApiError::not_found("not_found", format!("not found: {m}")))
+            }
             e if e.is_transient() => {
                 tracing::warn!(error = %e, "ledger unavailable");
                 HttpError(ApiError::unavailable(

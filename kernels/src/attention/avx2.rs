@@ -61,7 +61,10 @@ pub(super) unsafe fn attend_group<E: KvElem>(
                 // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
                 unsafe {
                     let dots = dot8(q, base.add(o * stride), stride);
-                    _mm256_storeu_ps(s.as_mut_ptr().add(o), _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)));
+                    _mm256_storeu_ps(
+                        s.as_mut_ptr().add(o),
+                        _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)),
+                    );
                 }
                 o += 8;
             }
@@ -172,7 +175,11 @@ unsafe fn dot1(q: &[f32], row: *const f32) -> f32 {
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for j in (0..q.len()).step_by(8) {
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(j)), _mm256_loadu_ps(row.add(j)), acc);
+            acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(q.as_ptr().add(j)),
+                _mm256_loadu_ps(row.add(j)),
+                acc,
+            );
         }
         crate::kv_cache::elem::avx2::hsum(acc)
     }
@@ -214,7 +221,10 @@ unsafe fn weigh_any(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32])
             let row = rows.add(o * stride);
             for j in (0..out.len()).step_by(8) {
                 let p = out.as_mut_ptr().add(j);
-                _mm256_storeu_ps(p, _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(j)), _mm256_loadu_ps(p)));
+                _mm256_storeu_ps(
+                    p,
+                    _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(j)), _mm256_loadu_ps(p)),
+                );
             }
         }
     }
@@ -261,13 +271,12 @@ unsafe fn exp(x: __m256) -> __m256 {
         let r = c(0x4b40_0000); // 0x1.8p23
         let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r); // x · log2(e) + r
         let n = _mm256_sub_ps(z, r);
-        let b = _mm256_fnmadd_ps(
-            n,
-            c(0x35bf_be8e),
-            _mm256_fnmadd_ps(n, c(0x3f31_7200), x),
-        );
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
         let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0))));
+        let k = _mm256_castsi256_ps(_mm256_add_epi32(
+            e,
+            _mm256_castps_si256(_mm256_set1_ps(1.0)),
+        ));
         let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
         let big = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
         let u = _mm256_mul_ps(b, b);
@@ -336,7 +345,18 @@ mod tests {
         }
         // Underflow to zero and -inf (a fully masked score) stay finite.
         // SAFETY: as above.
-        let got = unsafe { exp8([-200.0, -1e30, f32::NEG_INFINITY, 0.0, 88.0, -87.0, -103.0, 1.0]) };
+        let got = unsafe {
+            exp8([
+                -200.0,
+                -1e30,
+                f32::NEG_INFINITY,
+                0.0,
+                88.0,
+                -87.0,
+                -103.0,
+                1.0,
+            ])
+        };
         assert_eq!(&got[..4], &[0.0, 0.0, 0.0, 1.0]);
         assert!((got[4] / 88f32.exp() - 1.0).abs() < 1e-6);
     }

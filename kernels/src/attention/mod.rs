@@ -207,21 +207,45 @@ fn attention<'a>(
     };
     match (k_cache, v_cache) {
         (KvCache::F32(k), KvCache::F32(v)) => call.run(
-            Rows { values: k, scales: None },
-            Rows { values: v, scales: None },
+            Rows {
+                values: k,
+                scales: None,
+            },
+            Rows {
+                values: v,
+                scales: None,
+            },
             out,
         ),
         (KvCache::F16(k), KvCache::F16(v)) => call.run(
-            Rows { values: k, scales: None },
-            Rows { values: v, scales: None },
+            Rows {
+                values: k,
+                scales: None,
+            },
+            Rows {
+                values: v,
+                scales: None,
+            },
             out,
         ),
         (
-            KvCache::Int8 { values: k, scales: ks },
-            KvCache::Int8 { values: v, scales: vs },
+            KvCache::Int8 {
+                values: k,
+                scales: ks,
+            },
+            KvCache::Int8 {
+                values: v,
+                scales: vs,
+            },
         ) => call.run(
-            Rows { values: k, scales: scaled(ks) },
-            Rows { values: v, scales: scaled(vs) },
+            Rows {
+                values: k,
+                scales: scaled(ks),
+            },
+            Rows {
+                values: v,
+                scales: scaled(vs),
+            },
             out,
         ),
         (k, v) => panic!(
@@ -331,7 +355,11 @@ struct GroupArgs<'a, E> {
 /// The CPU must support AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_group_avx2<E: KvElem>(args: GroupArgs<E>, scores: &mut Vec<f32>, out_g: &mut [f32]) {
+unsafe fn attend_group_avx2<E: KvElem>(
+    args: GroupArgs<E>,
+    scores: &mut Vec<f32>,
+    out_g: &mut [f32],
+) {
     attend_group::<E, true>(args, scores, out_g)
 }
 
@@ -417,7 +445,11 @@ fn attend_group<E: KvElem, const SIMD: bool>(
                 let vrow = &v.values[at..at + hd];
                 let vs = v.scale(si);
                 for g in 0..d.group {
-                    axpy::<E, SIMD>(&mut out_g[g * hd..(g + 1) * hd], scores[g * ctx + p] * vs, vrow);
+                    axpy::<E, SIMD>(
+                        &mut out_g[g * hd..(g + 1) * hd],
+                        scores[g * ctx + p] * vs,
+                        vrow,
+                    );
                 }
             }
         }

@@ -119,7 +119,15 @@ fn check_batch_dtype(
         let slots: Vec<usize> = (0..ctx)
             .map(|p| blocks[p / bs] as usize * bs + p % bs)
             .collect();
-        write_kv(k_cache.view_mut(), v_cache.view_mut(), &k, &v, &slots, nkv, hd);
+        write_kv(
+            k_cache.view_mut(),
+            v_cache.view_mut(),
+            &k,
+            &v,
+            &slots,
+            nkv,
+            hd,
+        );
         seqs_data.push(TestSeq {
             k,
             v,
@@ -167,7 +175,15 @@ fn check_batch_dtype(
         block_size: bs,
         scale,
     };
-    attention(false, &q, k_cache.view(), v_cache.view(), &seqs, shape, &mut portable);
+    attention(
+        false,
+        &q,
+        k_cache.view(),
+        v_cache.view(),
+        &seqs,
+        shape,
+        &mut portable,
+    );
     assert_close(&portable, &out, 1e-5, 1e-4);
     let row = nh * hd;
     for (s, a) in seqs_data.iter().zip(&seqs) {
@@ -182,7 +198,16 @@ fn check_batch_dtype(
                 })
                 .collect()
         };
-        let want = naive(qs, &held(&k_cache), &held(&v_cache), s.start_pos, nh, nkv, hd, scale);
+        let want = naive(
+            qs,
+            &held(&k_cache),
+            &held(&v_cache),
+            s.start_pos,
+            nh,
+            nkv,
+            hd,
+            scale,
+        );
         assert_close(got, &want, 1e-5, 1e-4);
         if q_scale <= 1.0 {
             let exact = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale);
@@ -291,7 +316,16 @@ fn rejects_short_block_table() {
     }];
     let mut out = vec![0.0; 2];
     paged_attention(
-        &[0.0; 2], &[0.0f32; 16][..], &[0.0f32; 16][..], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+        &[0.0; 2],
+        &[0.0f32; 16][..],
+        &[0.0f32; 16][..],
+        &seqs,
+        1,
+        1,
+        2,
+        4,
+        1.0,
+        &mut out,
     );
 }
 
@@ -315,7 +349,16 @@ fn rejects_overlapping_sequences() {
     ];
     let mut out = vec![0.0; 4];
     paged_attention(
-        &[0.0; 4], &[0.0f32; 8][..], &[0.0f32; 8][..], &seqs, 1, 1, 2, 4, 1.0, &mut out,
+        &[0.0; 4],
+        &[0.0f32; 8][..],
+        &[0.0f32; 8][..],
+        &seqs,
+        1,
+        1,
+        2,
+        4,
+        1.0,
+        &mut out,
     );
 }
 
@@ -332,5 +375,16 @@ fn rejects_mixed_dtypes() {
     let k = KvBuffer::new(KvDtype::F16, 4, 1, 2);
     let v = KvBuffer::new(KvDtype::Int8, 4, 1, 2);
     let mut out = vec![0.0; 2];
-    paged_attention(&[0.0; 2], k.view(), v.view(), &seqs, 1, 1, 2, 4, 1.0, &mut out);
+    paged_attention(
+        &[0.0; 2],
+        k.view(),
+        v.view(),
+        &seqs,
+        1,
+        1,
+        2,
+        4,
+        1.0,
+        &mut out,
+    );
 }

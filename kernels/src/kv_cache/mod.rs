@@ -89,7 +89,10 @@ pub enum KvCache<'a> {
     F32(&'a [f32]),
     F16(&'a [half::f16]),
     /// `values[slot * kv_width + h * head_dim + i] * scales[slot * n_kv_heads + h]`.
-    Int8 { values: &'a [i8], scales: &'a [f32] },
+    Int8 {
+        values: &'a [i8],
+        scales: &'a [f32],
+    },
 }
 
 /// One layer's K or V cache, writable.
@@ -164,7 +167,10 @@ mod tests {
             assert_eq!(d.to_string(), d.name());
         }
         assert_eq!("INT8".parse::<KvDtype>(), Ok(KvDtype::Int8));
-        assert!("q8_0".parse::<KvDtype>().unwrap_err().contains("f32, f16 or int8"));
+        assert!("q8_0"
+            .parse::<KvDtype>()
+            .unwrap_err()
+            .contains("f32, f16 or int8"));
     }
 
     #[test]

@@ -43,7 +43,10 @@ fn write_one(cache: KvCacheMut<'_>, x: &[f32], slots: &[usize], n_kv_heads: usiz
         );
         let n = len.checked_div(kv_width).unwrap_or(0);
         for &slot in slots {
-            assert!(slot < n, "write_kv: slot {slot} outside a cache of {n} slots");
+            assert!(
+                slot < n,
+                "write_kv: slot {slot} outside a cache of {n} slots"
+            );
         }
         n
     };
@@ -141,7 +144,9 @@ mod tests {
                     }
                     // Slots never written stay zero.
                     for slot in [1, 2, 4] {
-                        assert!(read_row(cache.view(), slot, nkv, hd).iter().all(|v| *v == 0.0));
+                        assert!(read_row(cache.view(), slot, nkv, hd)
+                            .iter()
+                            .all(|v| *v == 0.0));
                     }
                 }
             }
@@ -152,7 +157,15 @@ mod tests {
     fn f16_saturates_instead_of_overflowing() {
         let mut kc = KvBuffer::new(KvDtype::F16, 1, 1, 2);
         let mut vc = KvBuffer::new(KvDtype::F16, 1, 1, 2);
-        write_kv(kc.view_mut(), vc.view_mut(), &[1e9, -1e9], &[0.0, 1.0], &[0], 1, 2);
+        write_kv(
+            kc.view_mut(),
+            vc.view_mut(),
+            &[1e9, -1e9],
+            &[0.0, 1.0],
+            &[0],
+            1,
+            2,
+        );
         assert_eq!(read_row(kc.view(), 0, 1, 2), vec![65504.0, -65504.0]);
     }
 
@@ -161,7 +174,15 @@ mod tests {
     fn rejects_out_of_range_slot() {
         let mut kc = vec![0.0; 4];
         let mut vc = vec![0.0; 4];
-        write_kv((&mut kc).into(), (&mut vc).into(), &[1.0, 2.0], &[1.0, 2.0], &[2], 1, 2);
+        write_kv(
+            (&mut kc).into(),
+            (&mut vc).into(),
+            &[1.0, 2.0],
+            &[1.0, 2.0],
+            &[2],
+            1,
+            2,
+        );
     }
 
     #[test]
@@ -171,7 +192,10 @@ mod tests {
         let mut scales = vec![0.0f32; 3];
         let mut vc = KvBuffer::new(KvDtype::Int8, 2, 2, 2);
         write_kv(
-            KvCacheMut::Int8 { values: &mut values, scales: &mut scales },
+            KvCacheMut::Int8 {
+                values: &mut values,
+                scales: &mut scales,
+            },
             vc.view_mut(),
             &[1.0; 4],
             &[1.0; 4],

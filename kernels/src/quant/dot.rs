@@ -58,12 +58,7 @@ impl DotKernel {
     ///
     /// # Panics
     /// If a row's block count differs from `w`'s, or this kernel is not supported here.
-    pub fn dot<const R: usize>(
-        self,
-        ty: QuantType,
-        w: &[u8],
-        xs: [&[BlockQ8_1]; R],
-    ) -> [f32; R] {
+    pub fn dot<const R: usize>(self, ty: QuantType, w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
         assert!(
             self.is_supported(),
             "{self:?} kernel is not supported on this CPU"
@@ -92,9 +87,17 @@ impl DotKernel {
         xs: [&[BlockQ8_1]; R],
     ) -> [f32; R] {
         let nb = w.len() / F::BLOCK_BYTES;
-        assert_eq!(nb * F::BLOCK_BYTES, w.len(), "weight row is not whole blocks");
+        assert_eq!(
+            nb * F::BLOCK_BYTES,
+            w.len(),
+            "weight row is not whole blocks"
+        );
         for x in &xs {
-            assert_eq!(x.len(), nb, "activation and weight rows differ in block count");
+            assert_eq!(
+                x.len(),
+                nb,
+                "activation and weight rows differ in block count"
+            );
         }
         match self {
             DotKernel::Portable => dot_portable::<F, R>(w, xs),
@@ -169,9 +172,9 @@ pub(crate) mod tests {
             DotKernel::Avx2Vnni,
             DotKernel::Avx2Rows,
         ]
-            .into_iter()
-            .filter(|k| k.is_supported())
-            .collect()
+        .into_iter()
+        .filter(|k| k.is_supported())
+        .collect()
     }
 
     #[test]

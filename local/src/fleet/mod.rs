@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
-use tidal_autoscaler::{decide, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec};
+use tidal_autoscaler::{
+    decide, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec,
+};
 use tidal_queue::{Broker, ModelRecord, ModelState, QueueDepth};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -338,14 +340,21 @@ fn spawn_worker(launcher: Arc<dyn Launcher>, model: &str, name: String) -> Worke
     let (ready_tx, ready_rx) = oneshot::channel();
     let (stop_tx, stop_rx) = watch::channel(false);
     let (model, task_name) = (model.to_owned(), name.clone());
-    let task = tokio::spawn(async move { launcher.run(&model, &task_name, ready_tx, stop_rx).await });
+    let task =
+        tokio::spawn(async move { launcher.run(&model, &task_name, ready_tx, stop_rx).await });
     WorkerSlot::new(name, ready_rx, stop_tx, task)
 }
 
 /// A model id as it may appear in a worker name (`ns/name` → `ns-name`).
 fn sanitize(id: &str) -> String {
     id.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect()
 }
 

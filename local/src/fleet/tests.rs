@@ -168,10 +168,7 @@ async fn idle_model_scales_to_zero_after_the_idle_time_and_back_up_on_demand() {
     assert_eq!(state(&broker).await, ModelState::Ready);
 
     // The job is served: claim and ack it.
-    let claimed = broker
-        .claim("m", "w", 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let claimed = broker.claim("m", "w", 1, Duration::ZERO).await.unwrap();
     broker.ack(&claimed[0]).await.unwrap();
 
     // Short of the idle time the worker stays.
@@ -191,7 +188,11 @@ async fn idle_model_scales_to_zero_after_the_idle_time_and_back_up_on_demand() {
     tick(&mut fleet).await;
     assert_eq!(launcher.stopped.load(Ordering::SeqCst), 1);
     assert_eq!(state(&broker).await, ModelState::ScaledToZero);
-    assert_eq!(fleet.status().snapshot()[0].stopping, 0, "stopped worker reaped");
+    assert_eq!(
+        fleet.status().snapshot()[0].stopping,
+        0,
+        "stopped worker reaped"
+    );
 
     // The next request brings it back.
     broker.enqueue(&job("m")).await.unwrap();
@@ -212,7 +213,11 @@ async fn a_worker_that_fails_to_load_is_replaced_while_demand_lasts() {
     settle().await;
     tick(&mut fleet).await;
     settle().await;
-    assert_eq!(launcher.started.load(Ordering::SeqCst), 2, "replacement started");
+    assert_eq!(
+        launcher.started.load(Ordering::SeqCst),
+        2,
+        "replacement started"
+    );
     tokio::time::advance(Duration::from_millis(200)).await;
     settle().await;
     tick(&mut fleet).await;

@@ -265,7 +265,12 @@ mod tests {
             .unwrap();
             assert_eq!(other.kv_cache_dtype, dtype.name());
             let rel = (other.perplexity / report.perplexity - 1.0).abs();
-            assert!(rel < 0.02, "{dtype}: {} vs {}", other.perplexity, report.perplexity);
+            assert!(
+                rel < 0.02,
+                "{dtype}: {} vs {}",
+                other.perplexity,
+                report.perplexity
+            );
         }
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -29,7 +29,9 @@ impl KvStorage {
             num_blocks,
             n_kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
-            layers: (0..model.num_layers).map(|_| (buffer(), buffer())).collect(),
+            layers: (0..model.num_layers)
+                .map(|_| (buffer(), buffer()))
+                .collect(),
         }
     }
 

@@ -284,7 +284,9 @@ impl Weight {
         }
         let out = &mut out[..m * self.rows];
         if let Some(ty) = own_kernel_type(self.dtype) {
-            let xq = a.quantized.get_or_init(|| QuantizedActivations::new(a.x, m, self.cols));
+            let xq = a
+                .quantized
+                .get_or_init(|| QuantizedActivations::new(a.x, m, self.cols));
             tidal_kernels::matmul_quantized(a.kernel, ty, xq, self.bytes(), self.rows, out);
             return Ok(());
         }

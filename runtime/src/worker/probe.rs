@@ -64,7 +64,8 @@ async fn drain(State(state): State<Arc<ProbeState>>) -> Response {
     };
     // Bounded by the drain timeout (after it the worker re-enqueues what is left) plus the
     // time those re-enqueues take; the kubelet's grace period bounds it as well.
-    let deadline = tokio::time::Instant::now() + status.config().drain_timeout + Duration::from_secs(10);
+    let deadline =
+        tokio::time::Instant::now() + status.config().drain_timeout + Duration::from_secs(10);
     while status.held() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(DRAIN_POLL).await;
     }

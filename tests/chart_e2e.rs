@@ -10,13 +10,16 @@
 //! tidal:0.1.0`); `TIDAL_E2E_REDIS_IMAGE` and `TIDAL_E2E_POSTGRES_IMAGE` override the
 //! database images.
 
+mod process;
+
 mod chart_common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chart_common::*;
+use process::eventually;
 use serde_json::{json, Value};
 use tidal_controller::k8s_openapi::api::apps::v1::Deployment;
 use tidal_controller::k8s_openapi::api::coordination::v1::Lease;
@@ -46,21 +49,6 @@ fn helm(bin: &PathBuf, args: &[&str]) -> Result<String, String> {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ))
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 

@@ -4,9 +4,12 @@
 //! model's queue and sees the on-demand replicas follow it, then deletes the Model and sees
 //! the finaliser fail the queued jobs.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod process;
 
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use process::{eventually, KillOnDrop as Killed};
 use serde_json::json;
 use tidal_controller::k8s_openapi::api::apps::v1::Deployment;
 use tidal_controller::k8s_openapi::api::core::v1::Namespace;
@@ -15,30 +18,6 @@ use tidal_controller::kube::api::{Api, DeleteParams, Patch, PatchParams, PostPar
 use tidal_controller::kube::Client;
 use tidal_crds::Model;
 use tidal_queue::{Broker, BrokerConfig, Job, RedisBroker, ResponseEvent};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_follows_the_queue_on_a_real_cluster() {

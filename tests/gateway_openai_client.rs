@@ -4,47 +4,20 @@
 //! The package is installed into a venv by `scripts/python-venv.sh` when missing; the test
 //! is skipped (with a message) only when pip cannot install it.
 
-use std::net::TcpListener;
+mod process;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use process::{free_port, tidal_json as tidal, KillOnDrop};
 use tidal_gateway::fake_worker::{FakeWorker, FakeWorkerConfig};
 use tidal_queue::testing::ensure_redis;
 use tidal_queue::{Broker, BrokerConfig, ModelRecord, ModelState, Prices, RedisBroker};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MODEL: &str = "fake-echo";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tidal(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tidal {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 fn venv() -> Option<PathBuf> {
     let out = Command::new("bash")

@@ -4,49 +4,21 @@
 //! two workers; and a model with no worker, whose requests wait until one starts, and whose
 //! request past the max queue wait gets a 503 and never runs.
 
+mod process;
 mod worker_common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
+use process::{free_port, tidal_json, KillOnDrop};
 use serde_json::{json, Value};
 use tidal_queue::{Broker, ModelRecord, ModelState, Prices};
 use worker_common::*;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tidal_json(args: &[&str]) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tidal {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Platform {
     queue: Queue,

@@ -1,43 +1,13 @@
 //! `tidal runtime` as a process on the real default model: health while loading and after,
 //! a request, and every metric the runtime promises on /metrics.
 
+mod process;
+
+use process::{default_model, free_port, KillOnDrop};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn default_model() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/fetch-model.sh"
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A minimal HTTP/1.1 request; returns (status, body).
 fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {

@@ -3,47 +3,16 @@
 //! start on the next request; Ctrl-C; and `tidal report` on the same ledger adds up to
 //! exactly the tokens the responses reported.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod process;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use process::{default_model, free_port, KillOnDrop as Up};
 use serde_json::{json, Value};
 
 const MODEL: &str = "smol";
-
-fn default_model() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/fetch-model.sh"
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Kills the process if the test fails half-way.
-struct Up(Child);
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Resident memory of a process, in MiB.
 fn rss_mib(pid: u32) -> f64 {

@@ -5,6 +5,7 @@
 //! adds up to the prompt once plus exactly the delivered tokens. The same again with the
 //! drain started by the pod's preStop hook (`GET /drain`) instead of the signal.
 
+mod process;
 mod worker_common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,6 +4,7 @@
 //! uninterrupted, token for token the undisturbed run, and usage adds up to the prompt
 //! once plus exactly the delivered tokens.
 
+mod process;
 mod worker_common;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -21,33 +21,10 @@ use tidal_runtime::worker::bench::fixed_length_job;
 use tidal_runtime::worker::{Worker, WorkerConfig};
 use uuid::Uuid;
 
+pub use super::process::{default_model, free_port};
+
 pub const MODEL_ID: &str = "ns/smol";
 pub const MAX_TOKENS: usize = 32;
-
-/// Path of the default model (fetched and verified by the project's script).
-pub fn default_model() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/fetch-model.sh"
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A Redis key prefix for one test run; its keys are deleted on drop.
 pub struct Queue {

@@ -1,26 +1,25 @@
-//! Row dot products of quantised weights against Q8_1 activation rows, after ggml's
-//! `ggml_vec_dot_q4_0_q8_0`, `_q4_1_q8_1` and `_q8_0_q8_0`: per block
-//! `d · d8 · Σ q·q8 + m · s8` (see [`super::format`]). One weight row is dotted with up to
-//! `R` activation rows at once, so each unpacked weight block serves all of them. These serve
-//! decode (one activation row) and small batches; larger batches go through the panel GEMM
-//! (`gemm_avx2`).
+//! Kernel choice for the quantised matmul, and the portable block dot product that defines
+//! every kernel's arithmetic (see [`super::format`]): per block, in order,
+//! `acc = fma(Σ q·q8, d·d8, acc)` then `acc = fma(m, s8, acc)`, after ggml's
+//! `ggml_vec_dot_q4_0_q8_0`, `_q4_1_q8_1` and `_q8_0_q8_0`.
 
-use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
+use super::format::Format;
 use super::q8_1::BlockQ8_1;
 
 /// Which implementation a matmul runs (chosen at run time, see [`DotKernel::detect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DotKernel {
-    /// Plain Rust, any CPU: row dot products for every batch size.
+    /// Plain Rust, any CPU: one dot product per output.
     Portable,
-    /// AVX2 + FMA + F16C (x86-64 only): row dot products for small batches, the interleaved
-    /// panel GEMM for batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more.
+    /// AVX2 + FMA + F16C (x86-64 only): eight weight rows at a time for small batches
+    /// (`gemv_avx2`), the interleaved panel GEMM (`gemm_avx2`) for batches of
+    /// [`super::matmul::PANEL_MIN_ROWS`] rows or more.
     Avx2,
-    /// [`DotKernel::Avx2`] with AVX-VNNI's `vpdpbusd` in the panel GEMM (one instruction for
-    /// the multiply-add of four byte pairs into i32).
+    /// [`DotKernel::Avx2`] with AVX-VNNI's `vpdpbusd` (the multiply-add of four byte pairs
+    /// into i32 in one instruction) in both paths.
     Avx2Vnni,
-    /// AVX2 row dot products for every batch size (the batched path before the panel GEMM,
-    /// kept to measure what the GEMM brings).
+    /// AVX2 eight-weight-row path for every batch size (no panel GEMM, to measure what it
+    /// brings).
     Avx2Rows,
 }
 
@@ -53,74 +52,24 @@ impl DotKernel {
             DotKernel::Avx2Vnni => best == DotKernel::Avx2Vnni,
         }
     }
-
-    /// Dot products of one weight row `w` of type `ty` against `R` Q8_1 activation rows.
-    ///
-    /// # Panics
-    /// If a row's block count differs from `w`'s, or this kernel is not supported here.
-    pub fn dot<const R: usize>(self, ty: QuantType, w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
-        assert!(
-            self.is_supported(),
-            "{self:?} kernel is not supported on this CPU"
-        );
-        // SAFETY: support checked just above.
-        unsafe {
-            match ty {
-                QuantType::Q4_0 => self.row_dots::<Q4_0, R>(w, xs),
-                QuantType::Q4_1 => self.row_dots::<Q4_1, R>(w, xs),
-                QuantType::Q8_0 => self.row_dots::<Q8_0, R>(w, xs),
-            }
-        }
-    }
-
-    /// [`DotKernel::dot`] for a format known at compile time, without the CPU-support check.
-    ///
-    /// # Safety
-    /// `self.is_supported()` must be true.
-    ///
-    /// # Panics
-    /// If a row's block count differs from `w`'s.
-    #[inline]
-    pub(crate) unsafe fn row_dots<F: Format, const R: usize>(
-        self,
-        w: &[u8],
-        xs: [&[BlockQ8_1]; R],
-    ) -> [f32; R] {
-        let nb = w.len() / F::BLOCK_BYTES;
-        assert_eq!(
-            nb * F::BLOCK_BYTES,
-            w.len(),
-            "weight row is not whole blocks"
-        );
-        for x in &xs {
-            assert_eq!(
-                x.len(),
-                nb,
-                "activation and weight rows differ in block count"
-            );
-        }
-        match self {
-            DotKernel::Portable => dot_portable::<F, R>(w, xs),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the caller guarantees AVX2/FMA/F16C; lengths checked above.
-            DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows => unsafe {
-                super::dot_avx2::row_dots::<F, R>(w, xs)
-            },
-            #[cfg(not(target_arch = "x86_64"))]
-            DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows => {
-                unreachable!("AVX2 is never supported off x86-64")
-            }
-        }
-    }
 }
 
-fn dot_portable<F: Format, const R: usize>(w: &[u8], xs: [&[BlockQ8_1]; R]) -> [f32; R] {
-    let mut acc = [0.0f32; R];
-    for (b, wb) in w.chunks_exact(F::BLOCK_BYTES).enumerate() {
+/// One weight row (whole blocks of `F`) against one activation row: the reference arithmetic.
+///
+/// # Panics
+/// If the block counts differ.
+pub(crate) fn dot_portable<F: Format>(w: &[u8], x: &[BlockQ8_1]) -> f32 {
+    assert_eq!(
+        w.len(),
+        x.len() * F::BLOCK_BYTES,
+        "activation and weight rows differ in block count"
+    );
+    let mut acc = 0.0f32;
+    for (wb, xb) in w.chunks_exact(F::BLOCK_BYTES).zip(x) {
         let (d, m) = F::scales(wb);
-        for (r, x) in xs.iter().enumerate() {
-            let xb = &x[b];
-            acc[r] += d * xb.d * F::isum(wb, &xb.qs) as f32 + m * xb.s;
+        acc = (F::isum(wb, &xb.qs) as f32).mul_add(d * xb.d, acc);
+        if F::HAS_OFFSET {
+            acc = m.mul_add(xb.s, acc);
         }
     }
     acc
@@ -129,6 +78,7 @@ fn dot_portable<F: Format, const R: usize>(w: &[u8], xs: [&[BlockQ8_1]; R]) -> [
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::quant::format::{QuantType, Q4_0, Q4_1, Q8_0};
     use crate::quant::q4_1::QK;
     use crate::quant::q8_1::quantize_q8_1;
     use crate::test_util::{random_vec, rng};
@@ -165,6 +115,7 @@ pub(crate) mod tests {
         wf.iter().zip(xf).map(|(a, b)| *a as f64 * b).sum()
     }
 
+    /// Every kernel this CPU runs.
     pub(crate) fn kernels() -> Vec<DotKernel> {
         [
             DotKernel::Portable,
@@ -177,33 +128,27 @@ pub(crate) mod tests {
         .collect()
     }
 
+    fn portable(ty: QuantType, w: &[u8], x: &[BlockQ8_1]) -> f32 {
+        match ty {
+            QuantType::Q4_0 => dot_portable::<Q4_0>(w, x),
+            QuantType::Q4_1 => dot_portable::<Q4_1>(w, x),
+            QuantType::Q8_0 => dot_portable::<Q8_0>(w, x),
+        }
+    }
+
     #[test]
-    fn every_kernel_and_format_matches_the_dequantised_dot() {
+    fn portable_dot_matches_the_dequantised_dot() {
         let mut r = rng(60);
         for ty in QuantType::ALL {
             for nb in [1, 2, 3, 18, 48] {
                 let w = random_blocks(&mut r, ty, nb);
-                let rows: Vec<Vec<BlockQ8_1>> = (0..4)
-                    .map(|_| {
-                        let x = random_vec(&mut r, nb * QK, 3.0);
-                        let mut q = vec![BlockQ8_1::default(); nb];
-                        quantize_q8_1(&x, &mut q);
-                        q
-                    })
-                    .collect();
-                for k in kernels() {
-                    let four = k.dot(ty, &w, [&rows[0], &rows[1], &rows[2], &rows[3]]);
-                    for (i, row) in rows.iter().enumerate() {
-                        let want = dequantised_dot(ty, &w, row);
-                        let one = k.dot(ty, &w, [row.as_slice()])[0];
-                        let tol = 1e-5 * (1.0 + want.abs()) + 1e-4 * nb as f64;
-                        assert!(
-                            (one as f64 - want).abs() <= tol,
-                            "{k:?} {ty:?} nb {nb}: {one} vs {want}"
-                        );
-                        assert_eq!(one, four[i], "{k:?} {ty:?}: batched and single dot differ");
-                    }
-                }
+                let x = random_vec(&mut r, nb * QK, 3.0);
+                let mut q = vec![BlockQ8_1::default(); nb];
+                quantize_q8_1(&x, &mut q);
+                let want = dequantised_dot(ty, &w, &q);
+                let got = portable(ty, &w, &q);
+                let tol = 1e-5 * (1.0 + want.abs()) + 1e-4 * nb as f64;
+                assert!((got as f64 - want).abs() <= tol, "{ty:?} nb {nb}: {got} vs {want}");
             }
         }
     }
@@ -215,11 +160,18 @@ pub(crate) mod tests {
         w.extend([0x80u8; 32]);
         let mut x = [BlockQ8_1::default()];
         quantize_q8_1(&[-1.0; QK], &mut x);
-        for k in kernels() {
-            let got = k.dot(QuantType::Q8_0, &w, [&x[..]])[0];
-            // Exactly 128 · 32 = 4096 up to float rounding; saturation would lose hundreds.
-            assert!((got - 4096.0).abs() < 1e-2, "{k:?}: {got}");
+        for m in [1, 8] {
+            let xs = vec![-1.0f32; m * QK];
+            for k in kernels() {
+                let mut out = vec![0.0; m];
+                crate::quant::matmul::matmul_with(k, QuantType::Q8_0, &xs, &w, m, QK, 1, &mut out);
+                // Exactly 128 · 32 = 4096 up to float rounding; saturation would lose hundreds.
+                for v in out {
+                    assert!((v - 4096.0).abs() < 1e-2, "{k:?} m={m}: {v}");
+                }
+            }
         }
+        assert!((portable(QuantType::Q8_0, &w, &x) - 4096.0).abs() < 1e-2);
     }
 
     #[test]
@@ -231,6 +183,6 @@ pub(crate) mod tests {
     #[should_panic(expected = "block count")]
     fn rejects_mismatched_rows() {
         let w = vec![0u8; 2 * 20];
-        DotKernel::Portable.dot(QuantType::Q4_1, &w, [&[BlockQ8_1::default()][..]]);
+        dot_portable::<Q4_1>(&w, &[BlockQ8_1::default()]);
     }
 }

@@ -10,6 +10,11 @@
 //! So against Q8_1 activations (`x ≈ d8 · q8`, `s8 = d8 · Σ q8`) a block's dot product is
 //! `d · d8 · Σ q·q8 + m · s8` for all three, as in ggml's `vec_dot_q4_0_q8_0`,
 //! `vec_dot_q4_1_q8_1` and `vec_dot_q8_0_q8_0`.
+//!
+//! Every kernel (portable, AVX2 row groups, AVX2 panels) computes an output the same way, so
+//! results do not depend on the batch a row is in (the runtime's batch invariance): the block
+//! sum `Σ q·q8` is exact in i32, and blocks are added in order as
+//! `acc = fma(Σ q·q8, d·d8, acc)`, then `acc = fma(m, s8, acc)` for formats with an offset.
 
 use super::q4_1::{f16_at, QK};
 
@@ -68,6 +73,10 @@ pub(crate) trait Format: Copy + Send + Sync + 'static {
     const SIGNED: bool;
     /// Whether `m` can be non-zero.
     const HAS_OFFSET: bool;
+    /// Byte offset of `m` as an f16 in the block, for formats that store it (Q4_1).
+    const M_AT: Option<usize>;
+    /// `m / d` for formats whose offset follows from `d` (Q4_0: −8).
+    const M_PER_D: f32;
 
     /// `(d, m)` of block `wb`.
     fn scales(wb: &[u8]) -> (f32, f32);
@@ -147,11 +156,13 @@ impl Format for Q4_0 {
     const BLOCK_BYTES: usize = 18;
     const SIGNED: bool = false;
     const HAS_OFFSET: bool = true;
+    const M_AT: Option<usize> = None;
+    const M_PER_D: f32 = -8.0;
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {
         let d = f16_at(wb, 0);
-        (d, -8.0 * d)
+        (d, d * Self::M_PER_D)
     }
 
     #[inline(always)]
@@ -164,7 +175,7 @@ impl Format for Q4_0 {
     unsafe fn scales_f16c(wb: *const u8) -> (f32, f32) {
         // SAFETY: by the caller's contract.
         let d = unsafe { f16_f16c(wb) };
-        (d, -8.0 * d)
+        (d, d * Self::M_PER_D)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -179,6 +190,8 @@ impl Format for Q4_1 {
     const BLOCK_BYTES: usize = 20;
     const SIGNED: bool = false;
     const HAS_OFFSET: bool = true;
+    const M_AT: Option<usize> = Some(2);
+    const M_PER_D: f32 = 0.0;
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {
@@ -214,6 +227,8 @@ impl Format for Q8_0 {
     const BLOCK_BYTES: usize = 34;
     const SIGNED: bool = true;
     const HAS_OFFSET: bool = false;
+    const M_AT: Option<usize> = None;
+    const M_PER_D: f32 = 0.0;
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {

@@ -3,20 +3,21 @@
 //!
 //! As in ggml's `mul_mat`: the activations are quantised to Q8_1 once
 //! ([`QuantizedActivations`], which callers may share between matmuls of the same input), then
-//! every output is an integer block dot product. Decode (m = 1) splits the weight rows across
-//! rayon threads and runs the row dot products ([`super::dot`]). A batch of
-//! [`PANEL_MIN_ROWS`] rows or more, on AVX2 (with AVX-VNNI where present), interleaves the
-//! activations into 8-row panels once and runs the panel GEMM (`gemm_avx2`, after
-//! llama.cpp's repacked GEMMs), which
-//! unpacks each weight block once per 16 activation rows and shares the scale work of eight.
-//! Each task owns a run of weight rows, i.e. a range of output columns, and writes its results
-//! straight into `[m, n]`.
+//! every output is a sum of integer block dot products. The weight rows are split across
+//! rayon threads; each task owns a run of them, i.e. a range of output columns, and writes its
+//! results straight into `[m, n]`. On AVX2 (with AVX-VNNI where present) a task runs eight
+//! weight rows at a time against up to four activation rows (`gemv_avx2`: decode and small
+//! batches), or, for [`PANEL_MIN_ROWS`] rows or more, interleaves the activations into 8-row
+//! panels once and runs the panel GEMM (`gemm_avx2`, after llama.cpp's repacked GEMMs), which
+//! unpacks each weight block once per 16 activation rows. Every path computes each output
+//! with the same operations in the same order ([`super::format`]), so a row's result does not
+//! depend on the batch it is in.
 
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::dot::DotKernel;
+use super::dot::{dot_portable, DotKernel};
 use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
 use super::panel::{build_panels, PanelBlock};
 use super::q4_1::QK;
@@ -26,8 +27,8 @@ use super::q8_1::{quantize_q8_1, BlockQ8_1};
 /// mostly empty and the row dot products (four rows per weight unpack) do as well.
 pub const PANEL_MIN_ROWS: usize = 6;
 
-/// Activation rows processed against one weight row before moving to the next (row dot
-/// products): 64 rows of k = 1536 quantised activations (~120 KiB) stay in L2.
+/// Activation rows processed against one weight row before moving to the next (portable
+/// path): 64 rows of k = 1536 quantised activations (~120 KiB) stay in L2.
 const M_TILE: usize = 64;
 
 /// Block products (m · n · k/32) below which the matmul stays on the calling thread.
@@ -172,60 +173,47 @@ fn run<F: Format>(
     }
     let threads = rayon::current_num_threads();
     // Several chunks per thread so an unlucky (preempted) thread does not hold up the call;
-    // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves.
+    // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves. Whole
+    // groups of eight rows, the AVX2 kernels' unit.
     let rows_per_task = if m * n * nb < PAR_MIN_BLOCKS {
         n
     } else {
-        n.div_ceil(threads * 4).max(16)
+        n.div_ceil(threads * 4).max(16).next_multiple_of(8)
     };
-    let weight_rows = |first: usize, rows: usize| &w[first * row_bytes..(first + rows) * row_bytes];
-    if m == 1 {
-        let x = xq.row(0);
-        let task = |(c, o): (usize, &mut [f32])| {
-            let wr = weight_rows(c * rows_per_task, o.len());
-            for (oj, wj) in o.iter_mut().zip(wr.chunks_exact(row_bytes)) {
-                // SAFETY: kernel support asserted above.
-                *oj = unsafe { kernel.row_dots::<F, 1>(wj, [x]) }[0];
-            }
-        };
-        if rows_per_task >= n {
-            task((0, out));
-        } else {
-            out.par_chunks_mut(rows_per_task).enumerate().for_each(task);
-        }
-        return;
-    }
-    let panel_kernel = matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni);
-    let panels = (panel_kernel && m >= PANEL_MIN_ROWS).then(|| xq.panels());
+    let rows: Vec<&[BlockQ8_1]> = (0..m).map(|i| xq.row(i)).collect();
+    let simd = matches!(
+        kernel,
+        DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows
+    );
     let vnni = kernel == DotKernel::Avx2Vnni;
+    let panels = (simd && kernel != DotKernel::Avx2Rows && m >= PANEL_MIN_ROWS).then(|| xq.panels());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
-        let rows = rows_per_task.min(n - j0);
-        let wr = weight_rows(j0, rows);
+        let cols = rows_per_task.min(n - j0);
+        let wr = &w[j0 * row_bytes..(j0 + cols) * row_bytes];
         // SAFETY: tasks own disjoint column ranges of `out`, which is exclusively borrowed
         // for this call and holds m * n values.
-        let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, rows) };
-        match panels {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: panels are only built for the AVX2 kernels, whose support was asserted;
-            // shapes follow from the asserts above.
-            Some(panels) => unsafe {
-                if vnni {
-                    super::gemm_avx2::gemm_vnni::<F>(wr, rows, nb, panels, m, &mut o)
-                } else {
-                    super::gemm_avx2::gemm::<F>(wr, rows, nb, panels, m, &mut o)
+        let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, cols) };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: the AVX2 kernels' support was asserted (and AVX-VNNI's for `vnni`);
+            // shapes follow from the asserts above; panels are built from `xq`.
+            unsafe {
+                match (panels, vnni) {
+                    (Some(p), true) => super::gemm_avx2::gemm_vnni::<F>(wr, cols, nb, p, m, &mut o),
+                    (Some(p), false) => super::gemm_avx2::gemm::<F>(wr, cols, nb, p, m, &mut o),
+                    (None, true) => super::gemv_avx2::gemv_vnni::<F>(wr, cols, nb, &rows, &mut o),
+                    (None, false) => super::gemv_avx2::gemv::<F>(wr, cols, nb, &rows, &mut o),
                 }
-            },
-            #[cfg(not(target_arch = "x86_64"))]
-            Some(_) => unreachable!("AVX2 is never supported off x86-64"),
-            None => {
-                for i0 in (0..m).step_by(M_TILE) {
-                    let i1 = (i0 + M_TILE).min(m);
-                    for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
-                        // SAFETY: kernel support asserted above.
-                        unsafe { dot_tile::<F>(kernel, wj, xq, i0..i1, &mut o, jj) };
-                    }
+            }
+            return;
+        }
+        let _ = (simd, vnni, panels);
+        for i0 in (0..m).step_by(M_TILE) {
+            for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
+                for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
+                    o.set(i, jj, dot_portable::<F>(wj, x));
                 }
             }
         }
@@ -286,36 +274,6 @@ impl OutCols {
         );
         // SAFETY: in bounds (checked) and owned by this task (constructor's contract).
         unsafe { *self.ptr.add(i * self.n + self.j0 + jj) = v };
-    }
-}
-
-/// Weight row `jj` of a task against activation rows `range`, four at a time.
-///
-/// # Safety
-/// `kernel.is_supported()` must be true.
-unsafe fn dot_tile<F: Format>(
-    kernel: DotKernel,
-    wr: &[u8],
-    xq: &QuantizedActivations,
-    range: std::ops::Range<usize>,
-    o: &mut OutCols,
-    jj: usize,
-) {
-    let mut i = range.start;
-    while i + 4 <= range.end {
-        let rows = [xq.row(i), xq.row(i + 1), xq.row(i + 2), xq.row(i + 3)];
-        // SAFETY: the caller guarantees kernel support.
-        let r = unsafe { kernel.row_dots::<F, 4>(wr, rows) };
-        for (d, v) in r.into_iter().enumerate() {
-            o.set(i + d, jj, v);
-        }
-        i += 4;
-    }
-    while i < range.end {
-        // SAFETY: as above.
-        let v = unsafe { kernel.row_dots::<F, 1>(wr, [xq.row(i)]) }[0];
-        o.set(i, jj, v);
-        i += 1;
     }
 }
 
@@ -469,6 +427,30 @@ mod tests {
                         (a - b).abs() <= 2e-3 * scale,
                         "{ty:?} ({m},{k},{n}) [{idx}]: ours {a}, candle {b}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Every kernel, and every batch a row can be in, gives the same bits: the runtime's
+    /// batch invariance (a request's tokens must not depend on its neighbours) rests on it.
+    #[test]
+    fn results_are_identical_across_kernels_and_batches() {
+        for ty in QuantType::ALL {
+            for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
+                let c = case(400 + seed as u64, ty, m, k, n);
+                let mut reference = vec![0.0; m * n];
+                matmul_with(DotKernel::Portable, ty, &c.x, &c.w, m, k, n, &mut reference);
+                for kernel in kernels() {
+                    let mut out = vec![f32::NAN; m * n];
+                    matmul_with(kernel, ty, &c.x, &c.w, m, k, n, &mut out);
+                    assert_eq!(out, reference, "{kernel:?} {ty:?} ({m},{k},{n})");
+                }
+                let kernel = DotKernel::detect();
+                for i in [0, m / 2, m - 1] {
+                    let mut alone = vec![0.0; n];
+                    matmul_with(kernel, ty, &c.x[i * k..(i + 1) * k], &c.w, 1, k, n, &mut alone);
+                    assert_eq!(alone, reference[i * n..(i + 1) * n], "{ty:?} row {i} of {m}");
                 }
             }
         }

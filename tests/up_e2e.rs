@@ -127,13 +127,43 @@ async fn streamed(client: &reqwest::Client, base: &str, key: &str) -> (u64, u64)
 
 #[tokio::test]
 async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
+    run_up(None).await;
+}
+
+/// The same with `--postgres` and `--redis`: a scratch database and a fresh key prefix.
+#[tokio::test]
+async fn tidal_up_on_postgres_and_redis_behaves_the_same() {
+    let db = tidal_billing::scratch::ScratchDb::postgres(
+        tidal_billing::scratch::DEFAULT_SERVER_URL,
+        "up",
+    )
+    .await
+    .expect("PostgreSQL (scripts/services.sh starts it)");
+    let redis = tidal_queue::testing::ensure_redis()
+        .await
+        .expect("test Redis");
+    let prefix = format!("tidal-up-{}:", uuid::Uuid::now_v7().simple());
+    run_up(Some((db.url.clone(), redis.clone(), prefix.clone()))).await;
+    tidal_queue::testing::delete_prefix(&redis, &prefix);
+    db.drop_db().await.unwrap();
+}
+
+/// Runs the newcomer's path; `backends` = (PostgreSQL URL, Redis URL, key prefix) or the
+/// embedded defaults.
+async fn run_up(backends: Option<(String, String, String)>) {
     let model = default_model();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
-    let mut up = Up(Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["up", "--listen", &format!("127.0.0.1:{port}")])
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tidal"));
+    command.arg("up");
+    if let Some((pg, redis, prefix)) = &backends {
+        command.args(["--postgres", pg, "--redis", redis, "--key-prefix", prefix]);
+    }
+    let spawned = Instant::now();
+    let mut up = Up(command
+        .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--model")
         .arg(format!("{MODEL}={}", model.display()))
         .args([
@@ -211,6 +241,7 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
     let t0 = Instant::now();
     let (p, c) = chat(&client, &base, &key, "What is the capital of France?").await;
     let first_request = t0.elapsed();
+    let up_to_first_response = spawned.elapsed();
     (prompt, completion) = (prompt + p, completion + c);
     let (p, c) = streamed(&client, &base, &key).await;
     (prompt, completion) = (prompt + p, completion + c);
@@ -243,9 +274,24 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
     })
     .await;
     eprintln!(
-        "first request {first_request:?}, request after scale-to-zero {cold_request:?}, last cold start {} ms",
+        "tidal up to first response {up_to_first_response:?}, first request {first_request:?}, request after scale-to-zero {cold_request:?}, last cold start {} ms",
         warm["models"][0]["last_cold_start_ms"]
     );
+
+    // `tidal status` reads the same figures.
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["status", "--url", &base])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(MODEL) && text.contains("local"), "{text}");
 
     // Ctrl-C: a clean exit, with every usage event in the ledger.
     let pid = up.0.id().to_string();
@@ -275,13 +321,15 @@ async fn tidal_up_serves_scales_to_zero_cold_starts_and_bills_exactly() {
     };
     assert!(stdout.contains(&key) && stdout.contains("curl"), "{stdout}");
 
-    let report = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["report", "--tenant", "local"])
-        .arg("--database")
-        .arg(format!(
+    let ledger = match &backends {
+        Some((pg, _, _)) => pg.clone(),
+        None => format!(
             "sqlite://{}",
             dir.path().join("data/ledger.sqlite").display()
-        ))
+        ),
+    };
+    let report = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["report", "--tenant", "local", "--database", &ledger])
         .output()
         .unwrap();
     assert!(

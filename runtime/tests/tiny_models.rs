@@ -86,10 +86,12 @@ fn check_paths_agree(model: &Model) {
         }
         let scale = reference.iter().fold(0f32, |a, v| a.max(v.abs()));
         let diff = max_diff(&whole, &reference);
+        // Not tighter: the next matmul quantises its input to Q8_1, so any small change in
+        // attention output flips some roundings; f16 and int8 both measure about 2% here
+        // (a wrong scale or layout would move logits by the order of the largest one).
         let tolerance = match dtype {
             KvDtype::F32 => 0.0,
-            KvDtype::F16 => 1e-2 * scale,
-            KvDtype::Int8 => 5e-2 * scale,
+            KvDtype::F16 | KvDtype::Int8 => 4e-2 * scale,
         };
         assert!(
             diff <= tolerance,

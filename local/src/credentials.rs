@@ -24,14 +24,14 @@ pub struct Credentials {
 /// Why credentials could not be loaded or created.
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialsError {
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         source: std::io::Error,
     },
     #[error("{0} is not valid credentials JSON: {1}")]
     Corrupt(PathBuf, serde_json::Error),
-    #[error("ledger: {0}")]
+    #[error("ledger")]
     Ledger(#[from] tidal_billing::Error),
 }
 

@@ -99,7 +99,7 @@ pub enum UpError {
     NoModels,
     #[error("two models are named `{0}`; name them with NAME=SOURCE")]
     DuplicateName(String),
-    #[error("model `{name}`: {source}")]
+    #[error("model `{name}`")]
     Fetch {
         name: String,
         source: fetch::FetchError,
@@ -110,18 +110,18 @@ pub enum UpError {
         path: PathBuf,
         message: String,
     },
-    #[error("ledger {url}: {source}")]
+    #[error("ledger {url}")]
     Ledger {
         url: String,
         source: tidal_billing::Error,
     },
-    #[error("credentials: {0}")]
+    #[error("credentials")]
     Credentials(#[from] credentials::CredentialsError),
-    #[error("broker: {0}")]
+    #[error("broker")]
     Broker(#[from] tidal_queue::QueueError),
     #[error("rate limiter: {0}")]
     Limiter(String),
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}")]
     Listen {
         addr: SocketAddr,
         source: std::io::Error,

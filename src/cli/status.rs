@@ -60,6 +60,11 @@ pub fn run(args: StatusArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A JSON count as a number (JSON values ignore format widths).
+fn count(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
 /// The status as two plain-text tables.
 fn render(body: &Value) -> String {
     let mut out = String::new();
@@ -76,11 +81,11 @@ fn render(body: &Value) -> String {
             "{:<28} {:<15} {:>5} {:>8} {:>7} {:>8} {:>9} {:>11}\n",
             m["id"].as_str().unwrap_or_default(),
             m["state"].as_str().unwrap_or_default(),
-            m["ready"],
-            m["starting"],
-            m["backlog"],
-            m["in_flight"],
-            m["cold_starts"],
+            count(&m["ready"]),
+            count(&m["starting"]),
+            count(&m["backlog"]),
+            count(&m["in_flight"]),
+            count(&m["cold_starts"]),
             cold
         ));
     }
@@ -103,9 +108,9 @@ fn render(body: &Value) -> String {
             r["tenant"].as_str().unwrap_or_default(),
             r["model"].as_str().unwrap_or_default(),
             r["day"].as_str().unwrap_or_default(),
-            r["totals"]["input_tokens"],
-            r["totals"]["cached_input_tokens"],
-            r["totals"]["output_tokens"],
+            count(&r["totals"]["input_tokens"]),
+            count(&r["totals"]["cached_input_tokens"]),
+            count(&r["totals"]["output_tokens"]),
         ));
     }
     out

@@ -169,12 +169,12 @@ fn print_banner(s: &Started) {
     println!("  curl {base}/chat/completions \\");
     println!("    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\");
     println!(
-        "    -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'"
+        "    -d '{{\"model\": \"{model}\", \"max_tokens\": 64, \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'"
     );
     println!();
     println!("  python3 -c 'from openai import OpenAI");
     println!("  c = OpenAI(base_url=\"{base}\", api_key=\"{key}\")");
-    println!("  r = c.chat.completions.create(model=\"{model}\", messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])");
+    println!("  r = c.chat.completions.create(model=\"{model}\", max_tokens=64, messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}])");
     println!("  print(r.choices[0].message.content)'");
     println!();
     println!("  tidal status        models, workers, backlog, this month's usage");

@@ -1,9 +1,9 @@
 //! Kernel choice for the quantised matmul, and the portable block dot product that defines
-//! every kernel's arithmetic (see [`super::format`]): per block, in order,
+//! every kernel's arithmetic (see [`super::format`]): block `b` feeds chain `b % 4` as
 //! `acc = fma(Σ q·q8, d·d8, acc)` then `acc = fma(m, s8, acc)`, after ggml's
 //! `ggml_vec_dot_q4_0_q8_0`, `_q4_1_q8_1` and `_q8_0_q8_0`.
 
-use super::format::Format;
+use super::format::{Format, CHAINS};
 use super::q8_1::BlockQ8_1;
 
 /// Which implementation a matmul runs (chosen at run time, see [`DotKernel::detect`]).
@@ -11,15 +11,14 @@ use super::q8_1::BlockQ8_1;
 pub enum DotKernel {
     /// Plain Rust, any CPU: one dot product per output.
     Portable,
-    /// AVX2 + FMA + F16C (x86-64 only): eight weight rows at a time for small batches
-    /// (`gemv_avx2`), the interleaved panel GEMM (`gemm_avx2`) for batches of
-    /// [`super::matmul::PANEL_MIN_ROWS`] rows or more.
+    /// AVX2 + FMA + F16C (x86-64 only): one weight row at a time against up to four
+    /// activation rows for decode and small batches (`dot_avx2`), the interleaved panel GEMM
+    /// (`gemm_avx2`) for batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more.
     Avx2,
     /// [`DotKernel::Avx2`] with AVX-VNNI's `vpdpbusd` (the multiply-add of four byte pairs
     /// into i32 in one instruction) in both paths.
     Avx2Vnni,
-    /// AVX2 eight-weight-row path for every batch size (no panel GEMM, to measure what it
-    /// brings).
+    /// The AVX2 row path for every batch size (no panel GEMM, to measure what it brings).
     Avx2Rows,
 }
 
@@ -64,15 +63,16 @@ pub(crate) fn dot_portable<F: Format>(w: &[u8], x: &[BlockQ8_1]) -> f32 {
         x.len() * F::BLOCK_BYTES,
         "activation and weight rows differ in block count"
     );
-    let mut acc = 0.0f32;
-    for (wb, xb) in w.chunks_exact(F::BLOCK_BYTES).zip(x) {
+    let mut acc = [0.0f32; CHAINS];
+    for (b, (wb, xb)) in w.chunks_exact(F::BLOCK_BYTES).zip(x).enumerate() {
         let (d, m) = F::scales(wb);
-        acc = (F::isum(wb, &xb.qs) as f32).mul_add(d * xb.d, acc);
+        let a = &mut acc[b % CHAINS];
+        *a = (F::isum(wb, &xb.qs) as f32).mul_add(d * xb.d, *a);
         if F::HAS_OFFSET {
-            acc = m.mul_add(xb.s, acc);
+            *a = m.mul_add(xb.s, *a);
         }
     }
-    acc
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
 #[cfg(test)]

@@ -11,12 +11,17 @@
 //! `d · d8 · Σ q·q8 + m · s8` for all three, as in ggml's `vec_dot_q4_0_q8_0`,
 //! `vec_dot_q4_1_q8_1` and `vec_dot_q8_0_q8_0`.
 //!
-//! Every kernel (portable, AVX2 row groups, AVX2 panels) computes an output the same way, so
-//! results do not depend on the batch a row is in (the runtime's batch invariance): the block
-//! sum `Σ q·q8` is exact in i32, and blocks are added in order as
-//! `acc = fma(Σ q·q8, d·d8, acc)`, then `acc = fma(m, s8, acc)` for formats with an offset.
+//! Every kernel (portable, AVX2 rows, AVX2 panels) computes an output the same way, so results
+//! do not depend on the batch a row is in (the runtime's batch invariance): the block sum
+//! `Σ q·q8` is exact in i32; block `b` goes to accumulation chain `b % 4` as
+//! `acc[c] = fma(Σ q·q8, d·d8, acc[c])`, then `acc[c] = fma(m, s8, acc[c])` for formats with
+//! an offset; the result is `(acc[0] + acc[1]) + (acc[2] + acc[3])`. Four chains keep a
+//! single row's FMA latency from bounding decode (one lane per chain in the row kernel).
 
 use super::q4_1::{f16_at, QK};
+
+/// Accumulation chains per output (see the module docs).
+pub(crate) const CHAINS: usize = 4;
 
 /// Which of the formats: the public name of a [`Format`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::format::Format;
+use super::format::{Format, CHAINS};
 use super::matmul::OutCols;
 use super::panel::{PanelBlock, PANEL_ROWS};
 
@@ -129,10 +129,42 @@ unsafe fn row_panels<F: Format, const P: usize, const VNNI: bool>(
     wr: &[u8],
     panels: [&[PanelBlock]; P],
 ) -> [__m256; P] {
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); P];
+    // The four accumulation chains of the common arithmetic (block b feeds chain b % 4).
+    let mut acc = [[_mm256_setzero_ps(); P]; CHAINS];
     let nb = wr.len() / F::BLOCK_BYTES;
-    for b in 0..nb {
+    let mut b = 0;
+    while b + CHAINS <= nb {
+        for (c, chain) in acc.iter_mut().enumerate() {
+            // SAFETY: block b + c < nb; features by contract.
+            unsafe { block::<F, P, VNNI>(wr, b + c, &panels, chain) };
+        }
+        b += CHAINS;
+    }
+    for (c, chain) in acc.iter_mut().enumerate().take(nb - b) {
+        // SAFETY: as above.
+        unsafe { block::<F, P, VNNI>(wr, b + c, &panels, chain) };
+    }
+    std::array::from_fn(|p| {
+        _mm256_add_ps(
+            _mm256_add_ps(acc[0][p], acc[1][p]),
+            _mm256_add_ps(acc[2][p], acc[3][p]),
+        )
+    })
+}
+
+/// Block `b` of the weight row against block `b` of each panel, into one chain per panel.
+///
+/// # Safety
+/// As [`row_panels`]; `b` is a block of `wr` and of every panel.
+#[inline(always)]
+unsafe fn block<F: Format, const P: usize, const VNNI: bool>(
+    wr: &[u8],
+    b: usize,
+    panels: &[&[PanelBlock]; P],
+    acc: &mut [__m256; P],
+) {
+    let ones = _mm256_set1_epi16(1);
+    {
         // SAFETY: block b is inside wr.
         let wb = unsafe { wr.as_ptr().add(b * F::BLOCK_BYTES) };
         // SAFETY: features and bounds by contract.
@@ -214,5 +246,4 @@ unsafe fn row_panels<F: Format, const P: usize, const VNNI: bool>(
             }
         }
     }
-    acc
 }

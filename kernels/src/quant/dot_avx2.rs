@@ -1,0 +1,203 @@
+//! AVX2 quantised matmul for decode and small batches: one weight row at a time (read
+//! sequentially, so a decode step streams the weights at memory speed) against up to four
+//! activation rows, four blocks per step.
+//!
+//! Each block's `q` are unpacked into bytes and multiplied against the activation block with
+//! `maddubs` + `madd` (or AVX-VNNI's `vpdpbusd`), as in ggml's `ggml_vec_dot_q4_1_q8_1`;
+//! Q8_0's signed weights use ggml's sign trick `|q| · (q8 · sign(q))`. A `hadd` tree turns
+//! four blocks' partial sums into their four exact block sums, one per 128-bit lane, and one
+//! 4-wide FMA adds `Σ q·q8 · d·d8` to the four accumulation chains at once: lane `c` is chain
+//! `c` of the common arithmetic ([`super::format`]), so decode gives the same bits as the
+//! batched panel GEMM.
+
+use std::arch::x86_64::*;
+
+use super::format::{Format, CHAINS};
+use super::matmul::{OutCols, XRow};
+
+/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`.
+///
+/// # Safety
+/// AVX2, FMA and F16C available; `w` is `rows` rows of `nb` blocks of `F`; every `xs` row
+/// holds `nb` blocks (and `nb` values of `d` and `s`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows<F: Format>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: &[XRow<'_>],
+    out: &mut OutCols,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe { rows_body::<F, false>(w, rows, nb, xs, out) }
+}
+
+/// [`rows`] with AVX-VNNI's `vpdpbusd`.
+///
+/// # Safety
+/// As [`rows`], and AVX-VNNI available.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn rows_vnni<F: Format>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: &[XRow<'_>],
+    out: &mut OutCols,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe { rows_body::<F, true>(w, rows, nb, xs, out) }
+}
+
+#[inline(always)]
+unsafe fn rows_body<F: Format, const VNNI: bool>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: &[XRow<'_>],
+    out: &mut OutCols,
+) {
+    let row_bytes = nb * F::BLOCK_BYTES;
+    debug_assert_eq!(w.len(), rows * row_bytes);
+    for (j, wr) in w.chunks_exact(row_bytes.max(1)).take(rows).enumerate() {
+        let mut i = 0;
+        while i < xs.len() {
+            let left = xs.len() - i;
+            // SAFETY (all arms): features by contract; wr is nb blocks, each row nb blocks.
+            let n = match left {
+                1 => store(out, i, j, unsafe { dot::<F, 1, VNNI>(wr, nb, [xs[i]]) }),
+                2 => store(out, i, j, unsafe { dot::<F, 2, VNNI>(wr, nb, [xs[i], xs[i + 1]]) }),
+                3 => store(out, i, j, unsafe {
+                    dot::<F, 3, VNNI>(wr, nb, [xs[i], xs[i + 1], xs[i + 2]])
+                }),
+                _ => store(out, i, j, unsafe {
+                    dot::<F, 4, VNNI>(wr, nb, [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]])
+                }),
+            };
+            i += n;
+        }
+    }
+}
+
+/// Writes `r[k]` to `out[i + k, j]`; returns how many rows that was.
+#[inline(always)]
+fn store<const R: usize>(out: &mut OutCols, i: usize, j: usize, r: [f32; R]) -> usize {
+    for (k, v) in r.into_iter().enumerate() {
+        out.set(i + k, j, v);
+    }
+    R
+}
+
+/// Weight row `wr` against `R` activation rows.
+#[inline(always)]
+unsafe fn dot<F: Format, const R: usize, const VNNI: bool>(
+    wr: &[u8],
+    nb: usize,
+    xs: [XRow<'_>; R],
+) -> [f32; R] {
+    debug_assert_eq!(wr.len(), nb * F::BLOCK_BYTES);
+    let mut acc = [_mm_setzero_ps(); R];
+    let mut b = 0;
+    while b + CHAINS <= nb {
+        // SAFETY: blocks b..b + 4 exist in the weight row and every activation row.
+        unsafe { step::<F, R, VNNI>(wr, b, CHAINS, &xs, &mut acc) };
+        b += CHAINS;
+    }
+    if b < nb {
+        // SAFETY: as above for the nb - b < 4 remaining blocks.
+        unsafe { step::<F, R, VNNI>(wr, b, nb - b, &xs, &mut acc) };
+    }
+    acc.map(|a| {
+        let mut c = [0.0f32; CHAINS];
+        // SAFETY: c holds 4 floats.
+        unsafe { _mm_storeu_ps(c.as_mut_ptr(), a) };
+        (c[0] + c[1]) + (c[2] + c[3])
+    })
+}
+
+/// Blocks `b..b + count` (`count <= 4`) into chains `0..count`; lanes past `count` add zero.
+#[inline(always)]
+unsafe fn step<F: Format, const R: usize, const VNNI: bool>(
+    wr: &[u8],
+    b: usize,
+    count: usize,
+    xs: &[XRow<'_>; R],
+    acc: &mut [__m128; R],
+) {
+    let ones = _mm256_set1_epi16(1);
+    let at = |c: usize| (b + c) * F::BLOCK_BYTES;
+    // SAFETY (whole function): blocks b..b + count exist (caller's contract); missing lanes
+    // use zero weights, scales and activation scales.
+    unsafe {
+        let q: [__m256i; CHAINS] = std::array::from_fn(|c| {
+            if c < count {
+                F::unpack(wr.as_ptr().add(at(c)))
+            } else {
+                _mm256_setzero_si256()
+            }
+        });
+        let half = |off: usize| -> __m128 {
+            let h: [i16; 8] = std::array::from_fn(|c| {
+                if c < count {
+                    (wr.as_ptr().add(at(c) + off) as *const i16).read_unaligned()
+                } else {
+                    0
+                }
+            });
+            _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
+        };
+        let d = half(0);
+        let m = match F::M_AT {
+            Some(off) => half(off),
+            None => _mm_mul_ps(d, _mm_set1_ps(F::M_PER_D)),
+        };
+        for r in 0..R {
+            let x = &xs[r];
+            let p: [__m256i; CHAINS] = std::array::from_fn(|c| {
+                if c >= count {
+                    return _mm256_setzero_si256();
+                }
+                let xv = _mm256_loadu_si256(x.blocks[b + c].qs.as_ptr() as *const __m256i);
+                let (wa, xv) = if F::SIGNED {
+                    (_mm256_sign_epi8(q[c], q[c]), _mm256_sign_epi8(xv, q[c]))
+                } else {
+                    (q[c], xv)
+                };
+                if VNNI {
+                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wa, xv)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xv), ones)
+                }
+            });
+            let isum = reduce4(p);
+            let (d8, s8) = if count == CHAINS {
+                (
+                    _mm_loadu_ps(x.d.as_ptr().add(b)),
+                    _mm_loadu_ps(x.s.as_ptr().add(b)),
+                )
+            } else {
+                let lane = |v: &[f32], c: usize| if c < count { v[b + c] } else { 0.0 };
+                (
+                    _mm_setr_ps(lane(x.d, 0), lane(x.d, 1), lane(x.d, 2), lane(x.d, 3)),
+                    _mm_setr_ps(lane(x.s, 0), lane(x.s, 1), lane(x.s, 2), lane(x.s, 3)),
+                )
+            };
+            acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, d8), acc[r]);
+            if F::HAS_OFFSET {
+                acc[r] = _mm_fmadd_ps(m, s8, acc[r]);
+            }
+        }
+    }
+}
+
+/// Lane `c` of the result is the exact sum of the eight lanes of `p[c]`.
+///
+/// # Safety
+/// AVX2 available.
+#[inline(always)]
+unsafe fn reduce4(p: [__m256i; CHAINS]) -> __m128i {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+        _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+    }
+}

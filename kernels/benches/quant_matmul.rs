@@ -42,14 +42,12 @@ fn candle_blocks<T: GgmlType>(w: &[u8]) -> Vec<T> {
     blocks
 }
 
+/// A matmul `(m, k, n), x, out` over weights it holds.
+type Matmul = Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])>;
+
 /// candle's matmul of `ty` on `w`, as a closure over the converted blocks.
-fn candle_matmul(
-    ty: QuantType,
-    w: &[u8],
-) -> Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])> {
-    fn boxed<T: GgmlType + 'static>(
-        w: &[u8],
-    ) -> Box<dyn Fn((usize, usize, usize), &[f32], &mut [f32])> {
+fn candle_matmul(ty: QuantType, w: &[u8]) -> Matmul {
+    fn boxed<T: GgmlType + 'static>(w: &[u8]) -> Matmul {
         let blocks = candle_blocks::<T>(w);
         Box::new(move |mkn, x, out| k_quants::matmul(mkn, x, &blocks, out).unwrap())
     }

@@ -264,8 +264,12 @@ unsafe fn softmax(s: &mut [f32]) {
 /// AVX2 and FMA available.
 #[inline(always)]
 unsafe fn exp(x: __m256) -> __m256 {
-    // SAFETY: by the caller's contract.
-    let c = |bits: u32| unsafe { _mm256_set1_ps(f32::from_bits(bits)) };
+    /// A constant given by its bits (the reference writes them as hex floats).
+    #[inline(always)]
+    unsafe fn c(bits: u32) -> __m256 {
+        // SAFETY: AVX by the caller's contract.
+        unsafe { _mm256_set1_ps(f32::from_bits(bits)) }
+    }
     // SAFETY: by the caller's contract.
     unsafe {
         let r = c(0x4b40_0000); // 0x1.8p23

@@ -148,7 +148,10 @@ pub(crate) mod tests {
                 let want = dequantised_dot(ty, &w, &q);
                 let got = portable(ty, &w, &q);
                 let tol = 1e-5 * (1.0 + want.abs()) + 1e-4 * nb as f64;
-                assert!((got as f64 - want).abs() <= tol, "{ty:?} nb {nb}: {got} vs {want}");
+                assert!(
+                    (got as f64 - want).abs() <= tol,
+                    "{ty:?} nb {nb}: {got} vs {want}"
+                );
             }
         }
     }

@@ -65,7 +65,9 @@ unsafe fn rows_body<F: Format, const VNNI: bool>(
             // SAFETY (all arms): features by contract; wr is nb blocks, each row nb blocks.
             let n = match left {
                 1 => store(out, i, j, unsafe { dot::<F, 1, VNNI>(wr, nb, [xs[i]]) }),
-                2 => store(out, i, j, unsafe { dot::<F, 2, VNNI>(wr, nb, [xs[i], xs[i + 1]]) }),
+                2 => store(out, i, j, unsafe {
+                    dot::<F, 2, VNNI>(wr, nb, [xs[i], xs[i + 1]])
+                }),
                 3 => store(out, i, j, unsafe {
                     dot::<F, 3, VNNI>(wr, nb, [xs[i], xs[i + 1], xs[i + 2]])
                 }),
@@ -88,6 +90,9 @@ fn store<const R: usize>(out: &mut OutCols, i: usize, j: usize, r: [f32; R]) -> 
 }
 
 /// Weight row `wr` against `R` activation rows.
+///
+/// (No closures around intrinsics here or below: a closure does not get the caller's target
+/// features, and an intrinsic left out of line costs a call per use.)
 #[inline(always)]
 unsafe fn dot<F: Format, const R: usize, const VNNI: bool>(
     wr: &[u8],
@@ -95,23 +100,44 @@ unsafe fn dot<F: Format, const R: usize, const VNNI: bool>(
     xs: [XRow<'_>; R],
 ) -> [f32; R] {
     debug_assert_eq!(wr.len(), nb * F::BLOCK_BYTES);
-    let mut acc = [_mm_setzero_ps(); R];
-    let mut b = 0;
-    while b + CHAINS <= nb {
-        // SAFETY: blocks b..b + 4 exist in the weight row and every activation row.
-        unsafe { step::<F, R, VNNI>(wr, b, CHAINS, &xs, &mut acc) };
-        b += CHAINS;
+    // SAFETY (whole function): blocks b..b + 4 (or the nb - b < 4 remaining) exist in the
+    // weight row and every activation row; features by the caller's contract.
+    unsafe {
+        let mut acc = [_mm_setzero_ps(); R];
+        let mut b = 0;
+        while b + CHAINS <= nb {
+            step::<F, R, VNNI>(wr, b, CHAINS, &xs, &mut acc);
+            b += CHAINS;
+        }
+        if b < nb {
+            step::<F, R, VNNI>(wr, b, nb - b, &xs, &mut acc);
+        }
+        let mut out = [0.0f32; R];
+        for r in 0..R {
+            let mut c = [0.0f32; CHAINS];
+            _mm_storeu_ps(c.as_mut_ptr(), acc[r]);
+            out[r] = (c[0] + c[1]) + (c[2] + c[3]);
+        }
+        out
     }
-    if b < nb {
-        // SAFETY: as above for the nb - b < 4 remaining blocks.
-        unsafe { step::<F, R, VNNI>(wr, b, nb - b, &xs, &mut acc) };
+}
+
+/// `count` (≤ 4) f16 values at byte `off` of blocks `b..b + count`, as f32 lanes (zero past
+/// `count`).
+///
+/// # Safety
+/// F16C available; the blocks exist.
+#[inline(always)]
+unsafe fn half4<F: Format>(wr: &[u8], b: usize, count: usize, off: usize) -> __m128 {
+    let mut h = [0i16; 8];
+    for (c, v) in h.iter_mut().enumerate().take(count) {
+        // SAFETY: the block exists (caller's contract).
+        *v = unsafe {
+            (wr.as_ptr().add((b + c) * F::BLOCK_BYTES + off) as *const i16).read_unaligned()
+        };
     }
-    acc.map(|a| {
-        let mut c = [0.0f32; CHAINS];
-        // SAFETY: c holds 4 floats.
-        unsafe { _mm_storeu_ps(c.as_mut_ptr(), a) };
-        (c[0] + c[1]) + (c[2] + c[3])
-    })
+    // SAFETY: h is 16 readable bytes; F16C by contract.
+    unsafe { _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i)) }
 }
 
 /// Blocks `b..b + count` (`count <= 4`) into chains `0..count`; lanes past `count` add zero.
@@ -123,51 +149,35 @@ unsafe fn step<F: Format, const R: usize, const VNNI: bool>(
     xs: &[XRow<'_>; R],
     acc: &mut [__m128; R],
 ) {
-    let ones = _mm256_set1_epi16(1);
-    let at = |c: usize| (b + c) * F::BLOCK_BYTES;
     // SAFETY (whole function): blocks b..b + count exist (caller's contract); missing lanes
     // use zero weights, scales and activation scales.
     unsafe {
-        let q: [__m256i; CHAINS] = std::array::from_fn(|c| {
-            if c < count {
-                F::unpack(wr.as_ptr().add(at(c)))
-            } else {
-                _mm256_setzero_si256()
-            }
-        });
-        let half = |off: usize| -> __m128 {
-            let h: [i16; 8] = std::array::from_fn(|c| {
-                if c < count {
-                    (wr.as_ptr().add(at(c) + off) as *const i16).read_unaligned()
-                } else {
-                    0
-                }
-            });
-            _mm_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i))
-        };
-        let d = half(0);
+        let ones = _mm256_set1_epi16(1);
+        let mut q = [_mm256_setzero_si256(); CHAINS];
+        for (c, qc) in q.iter_mut().enumerate().take(count) {
+            *qc = F::unpack(wr.as_ptr().add((b + c) * F::BLOCK_BYTES));
+        }
+        let d = half4::<F>(wr, b, count, 0);
         let m = match F::M_AT {
-            Some(off) => half(off),
+            Some(off) => half4::<F>(wr, b, count, off),
             None => _mm_mul_ps(d, _mm_set1_ps(F::M_PER_D)),
         };
         for r in 0..R {
             let x = &xs[r];
-            let p: [__m256i; CHAINS] = std::array::from_fn(|c| {
-                if c >= count {
-                    return _mm256_setzero_si256();
-                }
+            let mut p = [_mm256_setzero_si256(); CHAINS];
+            for c in 0..count {
                 let xv = _mm256_loadu_si256(x.blocks[b + c].qs.as_ptr() as *const __m256i);
                 let (wa, xv) = if F::SIGNED {
                     (_mm256_sign_epi8(q[c], q[c]), _mm256_sign_epi8(xv, q[c]))
                 } else {
                     (q[c], xv)
                 };
-                if VNNI {
+                p[c] = if VNNI {
                     _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), wa, xv)
                 } else {
                     _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xv), ones)
-                }
-            });
+                };
+            }
             let isum = reduce4(p);
             let (d8, s8) = if count == CHAINS {
                 (
@@ -175,11 +185,11 @@ unsafe fn step<F: Format, const R: usize, const VNNI: bool>(
                     _mm_loadu_ps(x.s.as_ptr().add(b)),
                 )
             } else {
-                let lane = |v: &[f32], c: usize| if c < count { v[b + c] } else { 0.0 };
-                (
-                    _mm_setr_ps(lane(x.d, 0), lane(x.d, 1), lane(x.d, 2), lane(x.d, 3)),
-                    _mm_setr_ps(lane(x.s, 0), lane(x.s, 1), lane(x.s, 2), lane(x.s, 3)),
-                )
+                let mut dd = [0.0f32; CHAINS];
+                let mut ss = [0.0f32; CHAINS];
+                dd[..count].copy_from_slice(&x.d[b..b + count]);
+                ss[..count].copy_from_slice(&x.s[b..b + count]);
+                (_mm_loadu_ps(dd.as_ptr()), _mm_loadu_ps(ss.as_ptr()))
             };
             acc[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, d8), acc[r]);
             if F::HAS_OFFSET {

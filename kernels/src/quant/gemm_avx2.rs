@@ -9,6 +9,9 @@
 //! horizontal-sum work of the row dot products is shared eight ways, and each weight block is
 //! read and unpacked once per pair of panels (16 rows) instead of once per row.
 //!
+//! No closures wrap intrinsics here: a closure does not get the caller's target features, so
+//! an intrinsic inside one can stay out of line (a call per use).
+//!
 //! Where the CPU has AVX-VNNI, [`gemm_vnni`] replaces each `maddubs` + add (and the final
 //! `madd`) with one `vpdpbusd`, which also accumulates straight into i32.
 
@@ -111,6 +114,16 @@ unsafe fn store(out: &mut OutCols, m: usize, j: usize, p: usize, v: __m256) {
     }
 }
 
+/// Group `s` (32 bytes) of a panel block.
+///
+/// # Safety
+/// AVX available.
+#[inline(always)]
+unsafe fn load_group(pb: &PanelBlock, s: usize) -> __m256i {
+    // SAFETY: qs[s] is 32 readable, 32-byte aligned bytes.
+    unsafe { _mm256_load_si256(pb.qs[s].as_ptr() as *const __m256i) }
+}
+
 /// Broadcasts 32-bit element `S / 0x55` of each 128-bit half to its whole half.
 #[inline(always)]
 fn group<const S: i32>(v: __m256i) -> __m256i {
@@ -129,27 +142,36 @@ unsafe fn row_panels<F: Format, const P: usize, const VNNI: bool>(
     wr: &[u8],
     panels: [&[PanelBlock]; P],
 ) -> [__m256; P] {
-    // The four accumulation chains of the common arithmetic (block b feeds chain b % 4).
-    let mut acc = [[_mm256_setzero_ps(); P]; CHAINS];
+    // The four accumulation chains of the common arithmetic (block b feeds chain b % 4), as
+    // four separate locals so they can live in registers.
+    let zero = [_mm256_setzero_ps(); P];
+    let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
     let nb = wr.len() / F::BLOCK_BYTES;
     let mut b = 0;
+    // SAFETY (all calls): block indices < nb; features by contract.
     while b + CHAINS <= nb {
-        for (c, chain) in acc.iter_mut().enumerate() {
-            // SAFETY: block b + c < nb; features by contract.
-            unsafe { block::<F, P, VNNI>(wr, b + c, &panels, chain) };
+        unsafe {
+            block::<F, P, VNNI>(wr, b, &panels, &mut a0);
+            block::<F, P, VNNI>(wr, b + 1, &panels, &mut a1);
+            block::<F, P, VNNI>(wr, b + 2, &panels, &mut a2);
+            block::<F, P, VNNI>(wr, b + 3, &panels, &mut a3);
         }
         b += CHAINS;
     }
-    for (c, chain) in acc.iter_mut().enumerate().take(nb - b) {
-        // SAFETY: as above.
-        unsafe { block::<F, P, VNNI>(wr, b + c, &panels, chain) };
+    if b < nb {
+        unsafe { block::<F, P, VNNI>(wr, b, &panels, &mut a0) };
     }
-    std::array::from_fn(|p| {
-        _mm256_add_ps(
-            _mm256_add_ps(acc[0][p], acc[1][p]),
-            _mm256_add_ps(acc[2][p], acc[3][p]),
-        )
-    })
+    if b + 1 < nb {
+        unsafe { block::<F, P, VNNI>(wr, b + 1, &panels, &mut a1) };
+    }
+    if b + 2 < nb {
+        unsafe { block::<F, P, VNNI>(wr, b + 2, &panels, &mut a2) };
+    }
+    let mut out = zero;
+    for (p, o) in out.iter_mut().enumerate() {
+        *o = _mm256_add_ps(_mm256_add_ps(a0[p], a1[p]), _mm256_add_ps(a2[p], a3[p]));
+    }
+    out
 }
 
 /// Block `b` of the weight row against block `b` of each panel, into one chain per panel.
@@ -174,10 +196,6 @@ unsafe fn block<F: Format, const P: usize, const VNNI: bool>(
         let hi = _mm256_permute2x128_si256::<0x11>(q, q);
         let mut isum = [_mm256_setzero_si256(); P];
         let pb: [&PanelBlock; P] = std::array::from_fn(|p| &panels[p][b]);
-        // SAFETY: each panel block's qs rows are 32 readable bytes.
-        let x = |p: usize, s: usize| unsafe {
-            _mm256_load_si256(pb[p].qs[s].as_ptr() as *const __m256i)
-        };
         if F::SIGNED {
             // Sign trick per group; i16 pairs reach 2 · 128 · 127, so widen every group.
             let (alo, ahi) = (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi));
@@ -193,7 +211,7 @@ unsafe fn block<F: Format, const P: usize, const VNNI: bool>(
             ];
             for (s, (ws, wa)) in steps.into_iter().enumerate() {
                 for p in 0..P {
-                    let xs = _mm256_sign_epi8(x(p, s), ws);
+                    let xs = _mm256_sign_epi8(load_group(pb[p], s), ws);
                     isum[p] = if VNNI {
                         _mm256_dpbusd_avx_epi32(isum[p], wa, xs)
                     } else {
@@ -216,14 +234,17 @@ unsafe fn block<F: Format, const P: usize, const VNNI: bool>(
             if VNNI {
                 for (s, ws) in steps.into_iter().enumerate() {
                     for p in 0..P {
-                        isum[p] = _mm256_dpbusd_avx_epi32(isum[p], ws, x(p, s));
+                        isum[p] = _mm256_dpbusd_avx_epi32(isum[p], ws, load_group(pb[p], s));
                     }
                 }
             } else {
                 let mut s16 = [_mm256_setzero_si256(); P];
                 for (s, ws) in steps.into_iter().enumerate() {
                     for p in 0..P {
-                        s16[p] = _mm256_add_epi16(s16[p], _mm256_maddubs_epi16(ws, x(p, s)));
+                        s16[p] = _mm256_add_epi16(
+                            s16[p],
+                            _mm256_maddubs_epi16(ws, load_group(pb[p], s)),
+                        );
                     }
                 }
                 for p in 0..P {

@@ -205,7 +205,8 @@ fn run<F: Format>(
         DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows
     );
     let vnni = kernel == DotKernel::Avx2Vnni;
-    let panels = (simd && kernel != DotKernel::Avx2Rows && m >= PANEL_MIN_ROWS).then(|| xq.panels());
+    let panels =
+        (simd && kernel != DotKernel::Avx2Rows && m >= PANEL_MIN_ROWS).then(|| xq.panels());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -468,8 +469,21 @@ mod tests {
                 let kernel = DotKernel::detect();
                 for i in [0, m / 2, m - 1] {
                     let mut alone = vec![0.0; n];
-                    matmul_with(kernel, ty, &c.x[i * k..(i + 1) * k], &c.w, 1, k, n, &mut alone);
-                    assert_eq!(alone, reference[i * n..(i + 1) * n], "{ty:?} row {i} of {m}");
+                    matmul_with(
+                        kernel,
+                        ty,
+                        &c.x[i * k..(i + 1) * k],
+                        &c.w,
+                        1,
+                        k,
+                        n,
+                        &mut alone,
+                    );
+                    assert_eq!(
+                        alone,
+                        reference[i * n..(i + 1) * n],
+                        "{ty:?} row {i} of {m}"
+                    );
                 }
             }
         }

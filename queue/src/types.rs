@@ -23,7 +23,8 @@ pub struct Job {
     pub enqueued_at_ms: u64,
     /// After this instant a job that has not started is never executed (0: no deadline).
     pub deadline_ms: u64,
-    /// Set on a job re-enqueued by a draining worker.
+    /// Set on a job re-enqueued by a draining worker, or by the worker that took over a dead
+    /// worker's job.
     pub resume: Option<Resume>,
 }
 

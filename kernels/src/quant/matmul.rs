@@ -7,13 +7,11 @@
 //! rayon threads; each task owns a run of them, i.e. a range of output columns, and writes its
 //! results straight into `[m, n]`. On AVX2 (with AVX-VNNI where present) a task runs its
 //! weight rows one at a time against up to four activation rows (`dot_avx2`: decode and small
-//! batches; one row at a time streams the weights sequentially, which measured 2.5× faster
-//! for decode than eight interleaved rows), or, for [`PANEL_MIN_ROWS`] rows or more,
-//! interleaves the activations into 8-row panels once and runs the panel GEMM (`gemm_avx2`,
-//! after llama.cpp's repacked GEMMs), which unpacks each weight block once per 16 activation
-//! rows. Every path computes each output
-//! with the same operations in the same order ([`super::format`]), so a row's result does not
-//! depend on the batch it is in.
+//! batches; one row at a time streams the weights sequentially), or, for [`PANEL_MIN_ROWS`]
+//! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
+//! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
+//! 16 activation rows. Every path computes each output with the same operations in the same
+//! order ([`super::format`]), so a row's result does not depend on the batch it is in.
 
 use std::sync::OnceLock;
 

@@ -133,7 +133,10 @@ pub async fn fetch_wheel_member(
     let index = format!("{}/simple/{project}/", pypi_url.trim_end_matches('/'));
     let listing: serde_json::Value = client()?
         .get(&index)
-        .header(reqwest::header::ACCEPT, "application/vnd.pypi.simple.v1+json")
+        .header(
+            reqwest::header::ACCEPT,
+            "application/vnd.pypi.simple.v1+json",
+        )
         .send()
         .await
         .and_then(|r| r.error_for_status())

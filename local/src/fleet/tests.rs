@@ -245,3 +245,36 @@ async fn shutdown_drains_every_worker_and_publishes_scaled_to_zero() {
 fn worker_names_are_safe_for_any_model_id() {
     assert_eq!(sanitize("team/smol_lm.2"), "team-smol-lm-2");
 }
+
+#[tokio::test(start_paused = true)]
+async fn models_scale_independently() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_millis(100));
+    let models = ["m", "n"]
+        .into_iter()
+        .map(|id| FleetModel {
+            record: record(id),
+            spec: spec(Duration::from_secs(30)),
+        })
+        .collect();
+    let mut fleet = Fleet::new(
+        broker.clone(),
+        launcher.clone(),
+        models,
+        FleetConfig::default(),
+    );
+    broker.enqueue(&job("n")).await.unwrap();
+    tick(&mut fleet).await;
+    tokio::time::advance(Duration::from_millis(200)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    let status = fleet.status().snapshot();
+    assert_eq!((status[0].id.as_str(), status[0].ready), ("m", 0));
+    assert_eq!((status[1].id.as_str(), status[1].ready), ("n", 1));
+    assert_eq!(state(&broker).await, ModelState::ScaledToZero, "model m");
+    assert_eq!(
+        broker.model("n").await.unwrap().unwrap().state,
+        ModelState::Ready
+    );
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+}

@@ -753,7 +753,33 @@ async fn sqlite_in_memory_is_shared_by_the_pool() {
     assert_eq!(ledger.tenant(&op(), "acme").await.unwrap().name, "Acme");
 }
 
+/// Restating the prices in effect adds nothing; new prices add a version from `now`.
+async fn ensure_price_adds_versions_only_for_changes(kind: Kind) {
+    let (db, ledger) = common::ledger(kind, "ensure").await;
+    assert!(ledger.ensure_price("llama", P, at(1, 0, 0)).await.unwrap());
+    assert!(!ledger.ensure_price("llama", P, at(2, 0, 0)).await.unwrap());
+    let dearer = Prices {
+        output_per_m: P.output_per_m * 2,
+        ..P
+    };
+    assert!(ledger
+        .ensure_price("llama", dearer, at(3, 0, 0))
+        .await
+        .unwrap());
+    assert!(!ledger
+        .ensure_price("llama", dearer, at(4, 0, 0))
+        .await
+        .unwrap());
+    // Back to the first prices: the version in effect differs, so a new one is added.
+    assert!(ledger.ensure_price("llama", P, at(5, 0, 0)).await.unwrap());
+    let versions = ledger.price_versions(Some("llama")).await.unwrap();
+    let starts: Vec<_> = versions.iter().map(|v| v.effective_from).collect();
+    assert_eq!(starts, vec![at(1, 0, 0), at(3, 0, 0), at(5, 0, 0)]);
+    db.drop_db().await.unwrap();
+}
+
 on_both!(
+    ensure_price_adds_versions_only_for_changes,
     idempotent_ingest,
     price_change_mid_day,
     month_of_tiny_events_rounds_to_the_invoice,

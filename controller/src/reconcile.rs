@@ -24,7 +24,7 @@ use serde_json::json;
 use tidal_autoscaler::{decide, telemetry, Observed, PolicyState, ScalingSpec};
 use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
 use tidal_crds::{Model, ModelSpec, ModelStatus, FINALIZER};
-use tidal_queue::{CapacityType, ClaimedJob, ModelRecord, QueueError, ResponseEvent};
+use tidal_queue::{CapacityType, ClaimedJob, JobFailure, ModelRecord};
 use tracing::Instrument;
 
 use crate::context::{Context, Memory};
@@ -244,14 +244,11 @@ async fn publish_prices(
     if mem.published_prices == Some(prices) {
         return Ok(());
     }
-    let versions = ctx.ledger.price_versions(Some(id)).await?;
-    let current = versions
-        .iter()
-        .max_by_key(|v| v.effective_from)
-        .map(|v| v.prices);
-    if current != Some(prices) {
-        let at = chrono::DateTime::<chrono::Utc>::from(now);
-        ctx.ledger.set_price(id, at, prices, at).await?;
+    if ctx
+        .ledger
+        .ensure_price(id, prices, chrono::DateTime::<chrono::Utc>::from(now))
+        .await?
+    {
         tracing::info!(?prices, "published prices to the ledger");
     }
     mem.published_prices = Some(prices);
@@ -466,25 +463,13 @@ async fn tick(
 
 /// Fails one job: its client gets `model_not_found`, and the entry is acked.
 async fn fail_job(ctx: &Context, id: &str, job: &ClaimedJob) -> Result<()> {
-    let mut seq = job.job.resume.as_ref().map(|r| r.last_seq).unwrap_or(0) + 1;
-    for _ in 0..4 {
-        let event = ResponseEvent::Error {
-            seq,
-            status: 404,
-            code: "model_not_found".into(),
-            param: Some("model".into()),
-            message: format!("the model `{id}` was deleted before this request finished"),
-        };
-        match ctx.broker.append_response(job.job.id, &event).await {
-            Ok(()) | Err(QueueError::ResponseFinished { .. }) => break,
-            Err(QueueError::SeqConflict { last, .. }) => seq = last + 1,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    match ctx.broker.ack(job).await {
-        Ok(()) | Err(QueueError::NotOwner { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    let failure = JobFailure {
+        status: 404,
+        code: "model_not_found".into(),
+        param: Some("model".into()),
+        message: format!("the model `{id}` was deleted before this request finished"),
+    };
+    Ok(tidal_queue::fail_job(ctx.broker.as_ref(), job, &failure).await?)
 }
 
 /// The finaliser's work; an error keeps the finaliser and retries.

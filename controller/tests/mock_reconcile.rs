@@ -102,7 +102,7 @@ fn deployment_in_cluster(m: &Model, cap: CapacityType, replicas: u32) -> Deploym
 
 #[tokio::test]
 async fn first_reconcile_applies_both_deployments_then_a_scale_patches_only_replicas() {
-    let mut h = Harness::new("first").await;
+    let mut h = Harness::new().await;
     let m = Arc::new(model("small", true));
 
     // --- first reconcile: nothing queued
@@ -200,7 +200,7 @@ async fn first_reconcile_applies_both_deployments_then_a_scale_patches_only_repl
 
 #[tokio::test]
 async fn a_new_model_gets_the_finaliser_first() {
-    let mut h = Harness::new("finaliser").await;
+    let mut h = Harness::new().await;
     let m = Arc::new(model("small", false));
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
     let r = next(&mut h.handle).await;
@@ -271,7 +271,7 @@ fn assert_failed_for_deletion(events: &[ResponseEvent]) {
 
 #[tokio::test]
 async fn delete_withdraws_queued_jobs_purges_and_removes_the_finaliser() {
-    let mut h = Harness::new("delete").await;
+    let mut h = Harness::new().await;
     let mut m = model("small", true);
     deleting(&mut m);
     let m = Arc::new(m);
@@ -317,7 +317,7 @@ async fn delete_withdraws_queued_jobs_purges_and_removes_the_finaliser() {
 
 #[tokio::test]
 async fn delete_waits_for_in_flight_jobs_until_the_drain_deadline() {
-    let mut h = Harness::new("delete-drain").await;
+    let mut h = Harness::new().await;
     let mut m = model("small", true);
     deleting(&mut m);
     let m = Arc::new(m);
@@ -355,7 +355,7 @@ async fn delete_waits_for_in_flight_jobs_until_the_drain_deadline() {
 
 #[tokio::test]
 async fn invalid_spec_reports_and_waits_for_a_change() {
-    let mut h = Harness::new("invalid").await;
+    let mut h = Harness::new().await;
     let mut m = model("small", true);
     m.spec.scaling.min_replicas = 5; // above maxReplicas 3
     let m = Arc::new(m);
@@ -380,7 +380,7 @@ async fn invalid_spec_reports_and_waits_for_a_change() {
 
 #[tokio::test]
 async fn a_reconcile_within_the_tick_reuses_the_decision() {
-    let mut h = Harness::new("same-tick").await;
+    let mut h = Harness::new().await;
     let m = Arc::new(model("small", true));
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
     expect_applies(&mut h, &m, 0, 0).await;

@@ -129,7 +129,7 @@ async fn expect_tick(
 
 #[tokio::test]
 async fn pending_spot_falls_back_recovers_and_interruption_falls_back_again() {
-    let mut h = Harness::new("spot").await;
+    let mut h = Harness::new().await;
     let m = Arc::new(model("llama", true));
     for _ in 0..3 {
         h.broker

@@ -123,6 +123,13 @@ impl Gateway {
         crate::routes::router(self.shared.clone())
     }
 
+    /// The admin API's token check, for routes a host process adds beside the gateway's own
+    /// (e.g. `tidal up`'s status): 403 when no admin token is configured, 401 when it is
+    /// missing or wrong.
+    pub fn authorize_admin(&self, headers: &axum::http::HeaderMap) -> Result<(), Reject> {
+        crate::auth::admin(&self.shared, headers)
+    }
+
     /// Call when the process is about to stop: from now on, a request whose connection is
     /// dropped is left running instead of cancelled, so its client can reattach
     /// (`GET /v1/requests/{id}/events`) through another replica or after the restart.

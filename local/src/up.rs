@@ -29,8 +29,8 @@ use tidal_billing::{Ledger, Month, Principal};
 use tidal_gateway::{Gateway, GatewayConfig, MemoryLimiter, RateLimiter, RedisLimiter};
 use tidal_protocol::ApiError;
 use tidal_queue::{
-    Broker, BrokerConfig, MemoryBroker, ModelRecord, ModelState, Prices, RedisBroker,
-    ResponseEvent, SystemClock,
+    fail_job, Broker, BrokerConfig, JobFailure, MemoryBroker, ModelRecord, ModelState, Prices,
+    RedisBroker, SystemClock,
 };
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::model::{ModelConfig, ModelFile, QuantizeTo};
@@ -133,7 +133,8 @@ pub enum UpError {
 struct StatusState {
     fleet: FleetStatus,
     ledger: Ledger,
-    admin_token: String,
+    /// Checks the admin token the same way the admin API does.
+    gateway: Gateway,
 }
 
 /// What `GET /local/status` returns.
@@ -215,7 +216,8 @@ pub async fn run(
     let mut fleet_models = Vec::new();
     let mut launch = HashMap::new();
     for (name, path, context_length) in &resolved {
-        publish_price(&ledger, name, &billing_prices)
+        ledger
+            .ensure_price(name, billing_prices, Utc::now())
             .await
             .map_err(ledger_err)?;
         fleet_models.push(FleetModel {
@@ -270,7 +272,7 @@ pub async fn run(
     let status_state = Arc::new(StatusState {
         fleet: fleet_status,
         ledger: ledger.clone(),
-        admin_token: creds.admin_token.clone(),
+        gateway: gateway.clone(),
     });
     let app = gateway.router().merge(
         Router::new()
@@ -390,31 +392,18 @@ fn read_context_length(name: &str, path: &std::path::Path) -> Result<u32, UpErro
     Ok(u32::try_from(config.context_length).unwrap_or(u32::MAX))
 }
 
-/// Records the model's prices from now on, unless the ledger already has exactly these.
-async fn publish_price(
-    ledger: &Ledger,
-    model: &str,
-    prices: &tidal_billing::Prices,
-) -> Result<(), tidal_billing::Error> {
-    let versions = ledger.price_versions(Some(model)).await?;
-    let current = versions
-        .iter()
-        .filter(|v| v.effective_from <= Utc::now())
-        .max_by_key(|v| v.effective_from);
-    if current.is_some_and(|v| v.prices == *prices) {
-        return Ok(());
-    }
-    let now = Utc::now();
-    ledger.set_price(model, now, *prices, now).await?;
-    Ok(())
-}
-
 /// Answers every job still queued for `model` with a 503 error event (the platform is
 /// stopping and no worker is left to run it); returns how many.
 async fn fail_leftovers(
     broker: &dyn Broker,
     model: &str,
 ) -> Result<usize, tidal_queue::QueueError> {
+    let failure = JobFailure {
+        status: 503,
+        code: "shutting_down".into(),
+        param: None,
+        message: "The server is shutting down; retry the request.".into(),
+    };
     let mut answered = 0;
     loop {
         let jobs = broker
@@ -423,43 +412,16 @@ async fn fail_leftovers(
         if jobs.is_empty() {
             return Ok(answered);
         }
-        for job in jobs {
-            let events = broker
-                .read_responses(job.job.id, 0, usize::MAX, Duration::ZERO)
-                .await?;
-            let finished = events.last().is_some_and(ResponseEvent::is_terminal);
-            if !finished {
-                let seq = events.last().map_or(0, ResponseEvent::seq) + 1;
-                let event = ResponseEvent::Error {
-                    seq,
-                    status: 503,
-                    code: "shutting_down".into(),
-                    param: None,
-                    message: "The server is shutting down; retry the request.".into(),
-                };
-                if let Err(e) = broker.append_response(job.job.id, &event).await {
-                    tracing::warn!(request = %job.job.id, error = %e, "cannot answer a queued request");
-                }
-            }
-            broker.ack(&job).await?;
-            answered += 1;
+        for job in &jobs {
+            fail_job(broker, job, &failure).await?;
         }
+        answered += jobs.len();
     }
 }
 
 async fn status(State(state): State<Arc<StatusState>>, headers: HeaderMap) -> Response {
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    let ok = tidal_billing::keys::hashes_equal(
-        &tidal_billing::keys::hash_key(presented),
-        &tidal_billing::keys::hash_key(&state.admin_token),
-    );
-    if !ok {
-        let e = ApiError::unauthorized("the status API needs the admin token");
-        return (StatusCode::UNAUTHORIZED, Json(e.body())).into_response();
+    if let Err(reject) = state.gateway.authorize_admin(&headers) {
+        return reject.into_response();
     }
     let period = Month::of_instant(Utc::now()).period();
     let usage = match state

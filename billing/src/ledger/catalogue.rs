@@ -25,6 +25,27 @@ pub struct FleetUsage {
 }
 
 impl Ledger {
+    /// Makes `prices` the model's prices from `now` on, unless the version in effect at `now`
+    /// already has exactly these; returns whether a version was added. For publishers that
+    /// restate the same prices on every start or tick (the controller, `tidal up`).
+    pub async fn ensure_price(
+        &self,
+        model: &str,
+        prices: Prices,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let versions = self.price_versions(Some(model)).await?;
+        let current = versions
+            .iter()
+            .filter(|v| v.effective_from <= now)
+            .max_by_key(|v| v.effective_from);
+        if current.is_some_and(|v| v.prices == prices) {
+            return Ok(false);
+        }
+        self.set_price(model, now, prices, now).await?;
+        Ok(true)
+    }
+
     /// Adds a price version for `model` (creating the model if needed).
     ///
     /// Idempotent: writing the same prices at the same time again returns the same id; other

@@ -40,19 +40,15 @@ pub struct Harness {
 pub const T0: u64 = 1_796_040_000;
 
 impl Harness {
-    pub async fn new(test: &str) -> Harness {
+    pub async fn new() -> Harness {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let broker = Arc::new(MemoryBroker::new(
             BrokerConfig::default(),
             Arc::new(ManualClock::new(T0 * 1000)),
         ));
-        let path =
-            std::env::temp_dir().join(format!("tidal-controller-{test}-{}.db", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let ledger = Ledger::connect(&format!("sqlite:{}", path.display()))
-            .await
-            .unwrap();
+        // In memory: nothing is left behind in the temp directory.
+        let ledger = Ledger::connect("sqlite::memory:").await.unwrap();
         let (pods_r, pods) = reflector::store::<Pod>();
         let (nodes_r, nodes) = reflector::store::<Node>();
         let (deps_r, deployments) = reflector::store::<Deployment>();

@@ -23,6 +23,19 @@ trap 'rm -f "$log"' EXIT
 set +e
 cargo test --workspace --all-targets "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The CUDA backend (feature `cuda`): its kernels compile with NVRTC on any machine; the tests
+# that launch them skip with a message where there is no GPU.
+if nvrtc_lib="$(bash scripts/nvrtc.sh)"; then
+    export LD_LIBRARY_PATH="$nvrtc_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    echo "test.sh: cannot fetch NVRTC; the CUDA compile test will skip" >&2
+fi
+for cuda_tests in "-p tidal-kernels --lib cuda::" "-p tidal-runtime --test cuda_model"; do
+    # shellcheck disable=SC2086 # word splitting intended
+    cargo test $cuda_tests --features cuda "$@" 2>&1 | tee -a "$log"
+    cuda_status=${PIPESTATUS[0]}
+    [ "$cuda_status" -eq 0 ] || status=$cuda_status
+done
 set -e
 
 # One closing line over every test binary (cargo prints one `test result:` line per binary).

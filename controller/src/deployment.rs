@@ -6,15 +6,22 @@
 //! grace period is the drain timeout plus [`GRACE_MARGIN_SECONDS`] for the preStop hook and
 //! exit. `https://` and `hf://` weights are downloaded by an init container into `/models`
 //! (an emptyDir, or the spec's cache claim) and checked against their SHA-256.
+//!
+//! The pods are locked down like the chart's own: user and group [`WORKER_UID`] (the image's
+//! `nonroot` user), a read-only root filesystem with an emptyDir on `/tmp`, no capabilities,
+//! no privilege escalation, the `RuntimeDefault` seccomp profile and no API token. The worker
+//! writes nothing to disk (the weights are memory-mapped read-only); only the init container
+//! writes, into `/models`.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, Lifecycle,
-    LifecycleHandler, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SecretKeySelector, TCPSocketAction, Volume,
-    VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, TCPSocketAction,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -29,6 +36,13 @@ use crate::names::{capacity_value, deployment_name, labels, model_id, selector_l
 pub const GRACE_MARGIN_SECONDS: i64 = 15;
 /// Where downloaded weights live in the pod.
 pub const MODELS_DIR: &str = "/models";
+/// User and group id of the worker pods: distroless's `nonroot`, the `USER` of the Dockerfile
+/// and the chart's `podSecurityContext`.
+pub const WORKER_UID: i64 = 65532;
+/// The writable scratch directory on the read-only root filesystem.
+pub const TMP_DIR: &str = "/tmp";
+/// Size limit of the `/tmp` emptyDir (the chart's pods use the same).
+pub const TMP_SIZE_LIMIT: &str = "64Mi";
 /// Default node label carrying the GPU model (NVIDIA GPU feature discovery).
 pub const DEFAULT_GPU_TYPE_LABEL: &str = "nvidia.com/gpu.product";
 /// Default extended resource of a GPU.
@@ -111,6 +125,38 @@ if [ -n "${MODEL_SHA256:-}" ]; then echo "$MODEL_SHA256  $tmp" | sha256sum -c -;
 mv "$tmp" "$f"
 "#;
 
+/// The pod-level security context of the worker pods.
+pub fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(WORKER_UID),
+        run_as_group: Some(WORKER_UID),
+        // Makes an emptyDir or the cache claim writable for the init container.
+        fs_group: Some(WORKER_UID),
+        // A cache claim can hold many GiB of weights: chown it once, not on every pod start.
+        fs_group_change_policy: Some("OnRootMismatch".into()),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// The security context of every container of the worker pods.
+pub fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
 fn env(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
@@ -152,6 +198,7 @@ fn fetch_container(model: &Model, source: &Source, url: String) -> Container {
             mount_path: MODELS_DIR.into(),
             ..VolumeMount::default()
         }]),
+        security_context: Some(container_security_context()),
         ..Container::default()
     }
 }
@@ -213,18 +260,30 @@ pub fn build(
     let rt = &model.spec.runtime;
     let port = i32::from(rt.port);
     let port_ref = IntOrString::String("http".into());
-    let download = source.download_url();
-    let mut mounts = None;
-    let mut volumes = None;
+    let tmp_mount = VolumeMount {
+        name: "tmp".into(),
+        mount_path: TMP_DIR.into(),
+        ..VolumeMount::default()
+    };
+    let tmp_volume = Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
+            medium: None,
+        }),
+        ..Volume::default()
+    };
+    let mut mounts = vec![];
+    let mut volumes = vec![];
     let mut init = None;
-    if let Some(url) = download {
-        mounts = Some(vec![VolumeMount {
+    if let Some(url) = source.download_url() {
+        mounts.push(VolumeMount {
             name: "models".into(),
             mount_path: MODELS_DIR.into(),
             read_only: Some(true),
             ..VolumeMount::default()
-        }]);
-        let volume = match &model.spec.source.cache_volume_claim {
+        });
+        volumes.push(match &model.spec.source.cache_volume_claim {
             Some(claim) => Volume {
                 name: "models".into(),
                 persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
@@ -238,10 +297,11 @@ pub fn build(
                 empty_dir: Some(EmptyDirVolumeSource::default()),
                 ..Volume::default()
             },
-        };
-        volumes = Some(vec![volume]);
+        });
         init = Some(vec![fetch_container(model, source, url)]);
     }
+    mounts.push(tmp_mount);
+    volumes.push(tmp_volume);
     let worker = Container {
         name: "worker".into(),
         image: Some(rt.image.clone()),
@@ -299,7 +359,8 @@ pub fn build(
             ..Lifecycle::default()
         }),
         resources: Some(resources(model)),
-        volume_mounts: mounts,
+        volume_mounts: Some(mounts),
+        security_context: Some(container_security_context()),
         ..Container::default()
     };
     let pool = pool(model, capacity);
@@ -326,7 +387,10 @@ pub fn build(
                 spec: Some(PodSpec {
                     containers: vec![worker],
                     init_containers: init,
-                    volumes,
+                    volumes: Some(volumes),
+                    security_context: Some(pod_security_context()),
+                    // Workers talk to the queue, never to the Kubernetes API.
+                    automount_service_account_token: Some(false),
                     node_selector: node_selector(model, capacity),
                     tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
                     termination_grace_period_seconds: Some(

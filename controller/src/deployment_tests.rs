@@ -76,7 +76,90 @@ fn file_source_is_loaded_in_place_with_extra_args_last() {
     let d = build(&m, &src, CapacityType::OnDemand, 2, &cfg());
     let spec = pod_spec(&d);
     assert!(spec.init_containers.is_none(), "no download for file://");
-    assert!(spec.volumes.is_none());
+    let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &v.name).collect();
+    assert_eq!(volumes, ["tmp"], "only the scratch directory");
+}
+
+/// What the chart's `podSecurityContext` and `securityContext` say, plus the cache chown
+/// policy; checked as JSON so a field added or dropped fails here.
+fn want_security() -> (serde_json::Value, serde_json::Value) {
+    (
+        serde_json::json!({
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "fsGroup": 65532,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }),
+        serde_json::json!({
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "capabilities": {"drop": ["ALL"]},
+        }),
+    )
+}
+
+#[test]
+fn every_container_runs_locked_down_with_a_writable_tmp() {
+    let (pod_want, container_want) = want_security();
+    for (m, what) in [
+        (llama(), "https with cache claim"),
+        (
+            example(include_str!("../../crds/examples/small-cpu-ondemand.yaml")),
+            "file",
+        ),
+        (
+            example(include_str!(
+                "../../crds/examples/https-spot-with-base.yaml"
+            )),
+            "https without cache",
+        ),
+    ] {
+        let src = m.spec.source().unwrap();
+        for cap in [CapacityType::Spot, CapacityType::OnDemand] {
+            let d = build(&m, &src, cap, 1, &cfg());
+            let spec = pod_spec(&d);
+            assert_eq!(
+                serde_json::to_value(&spec.security_context).unwrap(),
+                pod_want,
+                "{what}"
+            );
+            assert_eq!(spec.automount_service_account_token, Some(false), "{what}");
+            let containers = spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten());
+            for c in containers {
+                assert_eq!(
+                    serde_json::to_value(&c.security_context).unwrap(),
+                    container_want,
+                    "{what}: {}",
+                    c.name
+                );
+            }
+            let worker = &spec.containers[0];
+            let tmp = worker
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|v| v.mount_path == TMP_DIR)
+                .expect("a /tmp mount");
+            assert_eq!(tmp.read_only, None, "{what}: /tmp is writable");
+            let volume = spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == tmp.name)
+                .unwrap();
+            assert_eq!(
+                serde_json::to_value(volume).unwrap(),
+                serde_json::json!({"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}),
+                "{what}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! Apply: validate the spec, publish prices to the ledger, read the queue, observe the pods,
 //! run the policy, apply both Deployments (server-side apply, on a new generation or when one
 //! is missing) or patch only `spec.replicas` (a scale decision), emit Events for changes,
-//! record fleet time, publish the broker's model record, and patch the status subresource.
+//! record fleet time and export its cost rate, publish the broker's model record, and patch
+//! the status subresource.
 //! Cleanup (the finaliser): remove the model record so the gateway stops routing to it,
 //! delete the Deployments, fail every queued job (the clients get an error), give in-flight
 //! jobs the drain timeout to finish, then fail what is left and purge the model's streams.
@@ -30,6 +31,7 @@ use tracing::Instrument;
 use crate::context::{Context, Memory};
 use crate::deployment;
 use crate::error::{Error, Result};
+use crate::fleet_cost;
 use crate::names::{
     capacity_value, deployment_name, model_id, CAPACITIES, CAPACITY_LABEL, FIELD_MANAGER,
     MAX_NAME_LEN, MODEL_LABEL,
@@ -337,6 +339,13 @@ async fn tick(
     };
     let spot = observe(ctx, &ns, &name, CapacityType::Spot);
     let on_demand = observe(ctx, &ns, &name, CapacityType::OnDemand);
+    // Before any API call, so a failing apply does not leave the gauge behind the pods.
+    for (capacity, pool) in [
+        (CapacityType::Spot, &spot),
+        (CapacityType::OnDemand, &on_demand),
+    ] {
+        fleet_cost::record(&id, model, capacity, pool.scheduled);
+    }
     if depth.backlog + depth.in_flight > 0 {
         mem.last_request = Some(now);
     }
@@ -541,6 +550,7 @@ async fn cleanup(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     ctx.broker.purge_model(&id).await?;
     ctx.memory().remove(&id);
     ctx.meter().forget(&id);
+    fleet_cost::forget(&id);
     tracing::info!(
         failed_jobs = failed,
         "model deleted: queue withdrawn and purged"

@@ -72,6 +72,39 @@ async fn expect_applies(h: &mut Harness, m: &Model, spot: u32, on_demand: u32) {
         assert_eq!(r.body["spec"]["replicas"], json!(replicas));
         assert_eq!(r.body["metadata"]["ownerReferences"][0]["kind"], "Model");
         assert_eq!(r.body["metadata"]["ownerReferences"][0]["controller"], true);
+        // The worker pods are locked down like the chart's own (written out here, not taken
+        // from the builder, so a change to either shows).
+        let pod = &r.body["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["securityContext"],
+            json!({
+                "runAsNonRoot": true,
+                "runAsUser": 65532,
+                "runAsGroup": 65532,
+                "fsGroup": 65532,
+                "fsGroupChangePolicy": "OnRootMismatch",
+                "seccompProfile": {"type": "RuntimeDefault"}
+            })
+        );
+        assert_eq!(pod["automountServiceAccountToken"], false);
+        assert_eq!(
+            pod["containers"][0]["securityContext"],
+            json!({
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "runAsNonRoot": true,
+                "capabilities": {"drop": ["ALL"]}
+            })
+        );
+        // file:// weights come from the image: the only writable path is /tmp
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"],
+            json!([{"name": "tmp", "mountPath": "/tmp"}])
+        );
+        assert_eq!(
+            pod["volumes"],
+            json!([{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}])
+        );
         r.echo();
     }
 }

@@ -12,6 +12,8 @@
 
 pub mod activation;
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kv_cache;
 pub mod norm;
 pub mod quant;

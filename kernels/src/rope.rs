@@ -54,6 +54,16 @@ impl Rope {
         }
     }
 
+    /// `theta^(-2i/head_dim) / scaling_factor` for each pair `i` (what other backends upload).
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    /// Which elements form the rotated pairs.
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
     /// The head dimension this embedding was built for.
     pub fn head_dim(&self) -> usize {
         self.head_dim

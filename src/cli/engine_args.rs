@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use tidal_runtime::engine::EngineConfig;
+use tidal_runtime::engine::{Device, EngineConfig};
 use tidal_runtime::load::{load_model, Loaded};
 use tidal_runtime::model::{KvDtype, QuantizeTo};
 
@@ -39,6 +39,9 @@ pub struct EngineArgs {
     /// KV cache element type: f32, f16 (2x the tokens per byte) or int8 (3.8x).
     #[arg(long, default_value = "f32")]
     pub kv_cache_dtype: KvDtype,
+    /// Where the model runs: cpu, cuda or cuda:N (needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu", env = "TIDAL_DEVICE")]
+    pub device: Device,
 }
 
 impl EngineArgs {
@@ -52,6 +55,7 @@ impl EngineArgs {
             enable_prefix_caching: !self.no_prefix_caching,
             threads: self.threads,
             kv_cache_dtype: self.kv_cache_dtype,
+            device: self.device,
         }
     }
 

@@ -309,7 +309,7 @@ pub fn render_text(r: &SimReport) -> String {
         r.fleet.interruptions_per_hour, r.fleet.notice_ms as f64 / 1000.0, r.fleet.spot_outages.len(),
         r.always_on_replicas,
     );
-    let mut rows = vec![r.oracle.clone()];
+    let mut rows = vec![r.oracle.clone(), r.fluid_bound.clone()];
     rows.extend(r.policies.iter().cloned());
     out.push_str(&super::report::table(&rows, p.ttft_slo_s));
     for t in &r.targets {

@@ -76,6 +76,8 @@ pub struct PolicyRun {
     pub queue_wait_ms: Vec<Option<u64>>,
     /// Per request: first token minus arrival, ms.
     pub ttft_ms: Vec<Option<u64>>,
+    /// Per request: whether it was evicted (drain or interruption) after its first token.
+    pub evicted_after_first_token: Vec<bool>,
     /// Per request: how many times it completed (must be exactly 1).
     pub completions: Vec<u32>,
     /// Time series for plots.
@@ -216,6 +218,9 @@ impl Sim<'_> {
             };
             if done {
                 let mut r = self.replicas.remove(i);
+                for j in r.seqs.iter().filter(|j| j.delivered > 0) {
+                    self.run.evicted_after_first_token[j.req] = true;
+                }
                 let reqs = self.reqs;
                 let (jobs, recompute) = r.evict(|k| reqs[k].prompt_tokens);
                 self.run.recomputed_tokens += recompute;
@@ -314,6 +319,7 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
             recomputed_tokens: 0,
             queue_wait_ms: vec![None; n],
             ttft_ms: vec![None; n],
+            evicted_after_first_token: vec![false; n],
             completions: vec![0; n],
             series: Vec::new(),
             end_ms: 0,

@@ -1,6 +1,6 @@
 //! Trace-replay simulator (`tidal sim`): replays a request trace through the real autoscaling
 //! policy on a simulated fleet, side by side with the baselines people use today (Knative KPA,
-//! KEDA + HPA, always-on at the peak) and the oracle lower bound.
+//! KEDA + HPA, always-on at the peak) and two lower bounds (the oracle and the fluid bound).
 
 pub mod cli;
 pub mod engine;
@@ -57,8 +57,10 @@ pub struct SimReport {
     pub ours: Vec<(String, ScalingSpec)>,
     /// Replicas of the always-on baseline.
     pub always_on_replicas: u32,
-    /// The oracle lower bound.
+    /// The oracle: lower bound for fleets that meet every request's TTFT (see `report`).
     pub oracle: PolicySummary,
+    /// The fluid lower bound, valid for every run (the oracle before issue #7's tightening).
+    pub fluid_bound: PolicySummary,
     /// Every simulated policy, ours first.
     pub policies: Vec<PolicySummary>,
     /// Per variant of ours: whether it meets the target, and why not if it does not.
@@ -134,6 +136,8 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     scalers.push(Box::new(Keda::new(p.target_in_flight, max)));
     scalers.push(Box::new(AlwaysOn::new(always)));
     let oracle = report::oracle(reqs, p);
+    let mut fluid = report::fluid_bound(reqs, p);
+    fluid.cost_vs_oracle = fluid.cost_micros as f64 / oracle.cost_micros.max(1) as f64;
     let policies: Vec<PolicySummary> = scalers
         .iter_mut()
         .map(|s| {
@@ -156,6 +160,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         ours: cfg.ours.clone(),
         always_on_replicas: always,
         oracle,
+        fluid_bound: fluid,
         policies,
         targets,
     }

@@ -1,11 +1,16 @@
 //! Turning raw runs into the comparison: cost, replica-hours, latency percentiles, SLO
-//! attainment, and the oracle lower bound every cost is divided by.
+//! attainment, and the two lower bounds every cost is compared with.
 //!
-//! The oracle is a fluid lower bound, not a schedule: every request's work (its prefill at
-//! the prefill rate plus its decode at the fully batched rate) is billed at the spot price,
-//! with perfect foresight and no cold start, queueing or idle time. No simulated policy can
-//! cost less, because a billed replica-second does at most one second of that work and costs
-//! at least the spot price; its latencies are each request's unloaded latencies.
+//! - [`fluid_bound`]: every request's work (prefill at the prefill rate, decode at the fully
+//!   batched rate) billed at the spot price, with no cold start, queueing or idle time. No run
+//!   of any policy can cost less: a billed replica-second does at most one second of that work
+//!   and costs at least the spot price.
+//! - [`oracle`]: perfect foresight, zero cold start, whole replicas, spot price, and every
+//!   request's TTFT within the target. On top of the fluid work it counts that one request
+//!   occupies one whole replica for its unloaded service time, which a fleet meeting the TTFT
+//!   cannot move by more than the TTFT target. It bounds every run whose requests all meet the
+//!   TTFT and are not evicted after their first token; [`bound_ms`] gives the bound for the
+//!   requests of one run that do (see `docs/autoscaling.md`, "The oracle").
 
 use super::engine::{PolicyRun, Sample};
 use super::profile::ServiceProfile;
@@ -129,22 +134,77 @@ pub fn unloaded_ttft_ms(r: &Request, p: &ServiceProfile) -> u64 {
     (f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0).ceil() as u64
 }
 
-/// The oracle lower bound row.
-pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
-    let work: f64 = reqs.iter().map(|r| work_ms(r, p)).sum();
-    let work_ms = work.floor() as u64;
-    let cost = cost_micros(work_ms, p.spot_price_micros_per_hour);
+/// Shortest time one request occupies a replica, ms: prefill at the prefill rate, then its
+/// other tokens at the single-sequence decode rate (no sequence decodes faster than that).
+pub fn service_ms(r: &Request, p: &ServiceProfile) -> f64 {
+    let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s;
+    let decode = f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_single;
+    (prefill + decode) * 1000.0
+}
+
+/// Lower bound on the billed replica-ms of a run, ms. `anchored[i]` says that request `i` met
+/// the TTFT target and was not evicted after its first token; every request counts in the
+/// fluid work.
+///
+/// An anchored request `i` (arrival `a`, prefill `p`, unloaded service `s`) sits on one billed
+/// replica for at least `[c, c + s]` with `a <= c <= a + slo - p`, so inside
+/// `E = [a, a + slo - p + s]`, and its prefill runs inside `[a, a + slo]`. The merged spans of
+/// these `E` are disjoint; inside each, some replica is billed for at least the longest `s`
+/// and replicas spend at least the summed prefill. Billing outside the spans and the fluid
+/// work give the rest: `max(fluid work, sum over spans of max(longest s, summed prefill))`.
+pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
+    let fluid: f64 = reqs.iter().map(|r| work_ms(r, p)).sum();
+    let slo_ms = p.ttft_slo_s * 1000.0;
+    let mut spans: Vec<(f64, f64, f64, f64)> = reqs
+        .iter()
+        .zip(anchored)
+        .filter(|(_, a)| **a)
+        .map(|(r, _)| {
+            let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0;
+            let s = service_ms(r, p);
+            let start = r.arrival_ms as f64;
+            (start, start + slo_ms - prefill + s, s, prefill)
+        })
+        // a prefill longer than the target cannot meet it: such a request anchors nothing
+        .filter(|(_, _, _, prefill)| *prefill <= slo_ms)
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut occupied = 0.0;
+    let mut cur: Option<(f64, f64, f64)> = None; // (end, longest s, summed prefill)
+    for (start, end, s, prefill) in spans {
+        cur = match cur {
+            Some((e, longest, pre)) if start <= e => {
+                Some((e.max(end), longest.max(s), pre + prefill))
+            }
+            other => {
+                if let Some((_, longest, pre)) = other {
+                    occupied += f64::max(longest, pre);
+                }
+                Some((end, s, prefill))
+            }
+        };
+    }
+    if let Some((_, longest, pre)) = cur {
+        occupied += f64::max(longest, pre);
+    }
+    fluid.max(occupied)
+}
+
+/// A bound as a report row: `ms` of spot billing, each request at its unloaded latency.
+fn bound_row(name: &str, ms: f64, reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
+    let ms = ms.floor() as u64;
+    let cost = cost_micros(ms, p.spot_price_micros_per_hour);
     let ttft: Vec<u64> = reqs.iter().map(|r| unloaded_ttft_ms(r, p)).collect();
     let slo_ms = (p.ttft_slo_s * 1000.0) as u64;
     PolicySummary {
-        name: "oracle".into(),
+        name: name.into(),
         cost_micros: cost,
         spot_cost_micros: cost,
         on_demand_cost_micros: 0,
         cost_per_million_tokens_micros: per_million(cost, billable_tokens(reqs)),
         cost_vs_oracle: 1.0,
         spot_share: 1.0,
-        spot_replica_hours: work_ms as f64 / 3_600_000.0,
+        spot_replica_hours: ms as f64 / 3_600_000.0,
         on_demand_replica_hours: 0.0,
         queue_wait_s: Percentiles::default(),
         ttft_s: percentiles(&ttft),
@@ -160,6 +220,19 @@ pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
         recomputed_tokens: 0,
         series: Vec::new(),
     }
+}
+
+/// The fluid lower bound row (`fluid-bound`), valid for every run whatever its latency.
+pub fn fluid_bound(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
+    let work: f64 = reqs.iter().map(|r| work_ms(r, p)).sum();
+    bound_row("fluid-bound", work, reqs, p)
+}
+
+/// The oracle row: [`bound_ms`] with every request anchored, i.e. the least a fleet with
+/// perfect foresight and no cold start pays to meet every request's TTFT.
+pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
+    let all = vec![true; reqs.len()];
+    bound_row("oracle", bound_ms(reqs, p, &all), reqs, p)
 }
 
 /// Summarises one run against the oracle's cost.

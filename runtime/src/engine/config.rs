@@ -17,6 +17,44 @@ pub struct EngineConfig {
     /// Element type of the KV cache (`--kv-cache-dtype`): f16 holds 2× and int8 3.8× the
     /// tokens of f32 in the same `kv_cache_memory`.
     pub kv_cache_dtype: KvDtype,
+    /// Where the forward pass runs (`--device`).
+    pub device: Device,
+}
+
+/// Where the engine runs the model (`--device cpu|cuda|cuda:N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// This machine's CPU cores (the default, and the oracle for the GPU kernels).
+    #[default]
+    Cpu,
+    /// NVIDIA GPU number N (needs a build with `--features cuda`).
+    Cuda(usize),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device `{s}` (expected cpu, cuda or cuda:N)")),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -29,6 +67,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             threads: None,
             kv_cache_dtype: KvDtype::F32,
+            device: Device::Cpu,
         }
     }
 }
@@ -46,5 +85,21 @@ impl EngineConfig {
             self.block_size,
             self.kv_bytes_per_token(model),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse(), Ok(Device::Cpu));
+        assert_eq!("CUDA".parse(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(Device::Cuda(3)));
+        assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
+        let err = "tpu".parse::<Device>().unwrap_err();
+        assert!(err.contains("cpu, cuda or cuda:N"), "{err}");
+        assert!("cuda:x".parse::<Device>().is_err());
     }
 }

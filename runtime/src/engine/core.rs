@@ -4,17 +4,17 @@ use std::time::Instant;
 
 use tidal_tokenizer::Tokenizer;
 
+use super::executor::Executor;
 use super::metrics::EngineMetrics;
 use super::request::FinishReason;
 use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
-use crate::model::{ForwardBatch, ForwardSeq, KvStorage, Model};
+use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SeqId};
 
 /// State owned by the engine thread.
 pub(crate) struct EngineCore {
-    model: Model,
-    kv: KvStorage,
+    executor: Executor,
     tokenizer: Arc<Tokenizer>,
     scheduler: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
@@ -24,8 +24,7 @@ pub(crate) struct EngineCore {
 
 impl EngineCore {
     pub fn new(
-        model: Model,
-        kv: KvStorage,
+        executor: Executor,
         tokenizer: Arc<Tokenizer>,
         config: &EngineConfig,
         num_blocks: usize,
@@ -43,8 +42,7 @@ impl EngineCore {
             *shared = scheduler.stats();
         }
         Self {
-            model,
-            kv,
+            executor,
             tokenizer,
             scheduler,
             seqs: HashMap::new(),
@@ -88,7 +86,7 @@ impl EngineCore {
                 let resume = request.resume.take();
                 let mut state = SeqState::new(request, events);
                 if let Some(from) = resume {
-                    let context_length = self.model.config().context_length;
+                    let context_length = self.executor.config().context_length;
                     if let Some(reason) = state.resume(&from, &self.tokenizer, context_length) {
                         // The earlier run had finished all but its `Done`.
                         state.complete(reason);
@@ -143,7 +141,7 @@ impl EngineCore {
                 })
                 .collect(),
         };
-        let mut logits = match self.model.forward(&forward, &mut self.kv) {
+        let mut logits = match self.executor.forward(&forward) {
             Ok(logits) => logits,
             Err(e) => {
                 // A model error fails this step's sequences, not the engine.
@@ -157,8 +155,8 @@ impl EngineCore {
                 return;
             }
         };
-        let vocab = self.model.config().vocab_size;
-        let context_length = self.model.config().context_length;
+        let vocab = self.executor.config().vocab_size;
+        let context_length = self.executor.config().context_length;
         let mut sampled = Vec::new();
         let mut rows = logits.chunks_exact_mut(vocab);
         for s in &batch.seqs {

@@ -5,11 +5,12 @@
 
 mod config;
 mod core;
+mod executor;
 mod metrics;
 mod request;
 mod sequence;
 
-pub use config::EngineConfig;
+pub use config::{Device, EngineConfig};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
 };
@@ -20,7 +21,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use tidal_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::model::{KvStorage, Model, ModelConfig};
+use crate::model::{Model, ModelConfig};
 use crate::scheduler::SchedulerStats;
 
 /// Why the engine refused a request.
@@ -73,24 +74,19 @@ impl Engine {
                 config.kv_bytes_per_token(&model_config)
             )));
         }
-        let kv = KvStorage::new(
-            &model_config,
-            config.kv_cache_dtype,
-            num_blocks,
-            config.block_size,
-        );
+        let executor = executor::Executor::new(model, &config, num_blocks)?;
         tracing::info!(
+            device = %config.device,
             blocks = num_blocks,
             block_size = config.block_size,
             kv_tokens = num_blocks * config.block_size,
-            kv_mib = kv.memory_bytes() >> 20,
+            kv_mib = executor.kv_memory_bytes() >> 20,
             "KV cache allocated"
         );
         let (commands, receiver) = mpsc::channel();
         let stats = Arc::new(Mutex::new(SchedulerStats::default()));
         let core = core::EngineCore::new(
-            model,
-            kv,
+            executor,
             tokenizer.clone(),
             &config,
             num_blocks,

@@ -73,6 +73,7 @@ fn start_engine(path: &Path, utf8: bool) -> Engine {
         enable_prefix_caching: true,
         threads: Some(1),
         kv_cache_dtype: Default::default(),
+        device: Default::default(),
     };
     Engine::start(model, tokenizer, config).unwrap()
 }

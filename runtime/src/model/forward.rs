@@ -2,6 +2,7 @@ use std::time::Instant;
 
 use tidal_kernels::{paged_attention, rms_norm, silu_mul, write_kv, AttentionSeq, Rope, RopeStyle};
 
+use super::batch::{embed, BatchLayout};
 use super::config::{Architecture, ModelConfig, RopeScaling};
 use super::error::ModelError;
 use super::file::ModelFile;
@@ -80,6 +81,18 @@ impl Model {
         &self.config
     }
 
+    /// The weights (other backends upload them).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn weights(&self) -> &ModelWeights {
+        &self.weights
+    }
+
+    /// The rotary embedding's tables.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
     /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, one row
     /// per sequence with `want_logits`, in batch order.
     pub fn forward(
@@ -103,59 +116,27 @@ impl Model {
             )));
         }
         let bs = kv.block_size();
-        let mut positions = Vec::with_capacity(n);
-        let mut slots = Vec::with_capacity(n);
+        let layout = BatchLayout::new(batch, bs, kv.num_blocks())?;
         let mut attn_seqs = Vec::with_capacity(batch.seqs.len());
+        let mut q_start = 0;
         for seq in &batch.seqs {
-            let q_start = positions.len();
-            for j in 0..seq.tokens.len() {
-                let pos = seq.start_pos + j;
-                let block = *seq.block_table.get(pos / bs).ok_or_else(|| {
-                    ModelError::Kernel(format!(
-                        "block table of {} blocks does not cover position {pos}",
-                        seq.block_table.len()
-                    ))
-                })? as usize;
-                if block >= kv.num_blocks() {
-                    return Err(ModelError::Kernel(format!(
-                        "block {block} is outside the KV storage of {} blocks",
-                        kv.num_blocks()
-                    )));
-                }
-                positions.push(pos);
-                slots.push(block * bs + pos % bs);
-            }
             attn_seqs.push(AttentionSeq {
                 q_start,
                 q_len: seq.tokens.len(),
                 start_pos: seq.start_pos,
                 block_table: seq.block_table,
             });
+            q_start += seq.tokens.len();
         }
-
-        let mut x = vec![0f32; n * d];
-        let vocab = c.vocab_size as u32;
-        for (row, &tok) in x
-            .chunks_mut(d)
-            .zip(batch.seqs.iter().flat_map(|s| s.tokens.iter()))
-        {
-            if tok >= vocab {
-                return Err(ModelError::Kernel(format!(
-                    "token id {tok} is outside the vocabulary of {vocab}"
-                )));
-            }
-            self.weights
-                .token_embedding
-                .dequantize_row(tok as usize, row);
-        }
+        let mut x = embed(batch, &self.weights.token_embedding, c.vocab_size, d)?;
 
         let mut buffers = LayerBuffers::new(c, n);
         for (index, layer) in self.weights.layers.iter().enumerate() {
             self.layer(
                 layer,
                 &mut x,
-                &positions,
-                &slots,
+                &layout.positions,
+                &layout.slots,
                 &attn_seqs,
                 kv,
                 index,
@@ -164,13 +145,9 @@ impl Model {
         }
 
         // Only the rows that are sampled go through the final norm and the vocabulary matmul.
-        let mut last_rows = Vec::new();
-        let mut offset = 0;
-        for seq in &batch.seqs {
-            offset += seq.tokens.len();
-            if seq.want_logits {
-                last_rows.extend_from_slice(&x[(offset - 1) * d..offset * d]);
-            }
+        let mut last_rows = Vec::with_capacity(layout.logit_rows.len() * d);
+        for &row in &layout.logit_rows {
+            last_rows.extend_from_slice(&x[row * d..(row + 1) * d]);
         }
         let r = last_rows.len() / d;
         if r == 0 {

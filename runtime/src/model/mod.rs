@@ -5,7 +5,10 @@
 //! from many sequences — prefill chunks and decode steps mixed — and a block table per
 //! sequence into the paged KV cache, the way vLLM's model runner does.
 
+mod batch;
 mod config;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod error;
 mod file;
 mod forward;
@@ -15,6 +18,8 @@ mod weight;
 mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
+#[cfg(feature = "cuda")]
+pub use cuda::CudaModel;
 pub use error::ModelError;
 pub use file::ModelFile;
 pub use forward::{ForwardBatch, ForwardSeq, Model};

@@ -118,6 +118,7 @@ fn tiny_model_with(spec: &TinySpec, max_num_batched_tokens: usize) -> (TempDir, 
         enable_prefix_caching: true,
         threads: Some(1),
         kv_cache_dtype: Default::default(),
+        device: Default::default(),
     };
     let loaded = load_model(&path, config, None).unwrap();
     (dir, Arc::new(loaded.into_model()))

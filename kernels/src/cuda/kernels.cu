@@ -1,0 +1,479 @@
+// CUDA kernels of the forward pass, compiled at run time with NVRTC (no CUDA toolkit is
+// needed to build Tidal). Each kernel follows the CPU kernel of the same name in
+// `tidal-kernels`, which is its oracle in the tests (kernels/src/cuda/tests.rs).
+//
+// No headers: NVRTC's bundled headers differ between CUDA versions, so half conversions are
+// written as the PTX `cvt` instructions they compile to.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define WARP 32
+// Warps of one attention block: each walks a strided quarter of the context.
+#define ATTN_WARPS 4
+// Largest head dimension the attention kernel holds in registers (8 values per lane).
+#define MAX_HEAD_DIM 256
+// Activation rows one matmul block multiplies with each weight row it reads.
+#define MM_ROWS 8
+// Weight rows (one per warp) of one matmul block.
+#define MM_WARPS 4
+// -infinity without math headers.
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum of `v` over a block of blockDim.x threads (a multiple of 32, at most 1024).
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    int warps = blockDim.x / WARP;
+    v = lane < warps ? partial[lane] : 0.0f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+// ---- element-wise -------------------------------------------------------------------------
+
+// out = x / sqrt(mean(x^2) + eps) * w, one block per row of d values.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    const float* xr = x + (size_t)blockIdx.x * d;
+    float* orow = out + (size_t)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+}
+
+// gate = silu(gate) * up over n values.
+extern "C" __global__ void silu_mul(float* gate, const float* up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// x += y over n values.
+extern "C" __global__ void add_into(float* x, const float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// x[r, c] += bias[c] over n values of rows of `width`.
+extern "C" __global__ void add_bias(float* x, const float* bias, int n, int width) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += bias[i % width];
+}
+
+// out[r] = x[rows[r]] for rows of d values.
+extern "C" __global__ void gather_rows(const float* x, const int* rows, float* out, int d) {
+    const float* src = x + (size_t)rows[blockIdx.x] * d;
+    float* dst = out + (size_t)blockIdx.x * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = src[i];
+}
+
+// Rotary embedding in place on x [n_tokens, n_heads, head_dim]; one thread per rotated pair.
+// neox = 0: pairs (2i, 2i+1); neox = 1: pairs (i, i + head_dim/2).
+extern "C" __global__ void rope(float* x, const int* positions, const float* inv_freq,
+                                int n_tokens, int n_heads, int head_dim, int neox) {
+    int half_d = head_dim / 2;
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long total = (long long)n_tokens * n_heads * half_d;
+    if (idx >= total) return;
+    int i = (int)(idx % half_d);
+    long long th = idx / half_d;  // token * n_heads + head
+    int t = (int)(th / n_heads);
+    float* head = x + th * head_dim;
+    float s, c;
+    sincosf((float)positions[t] * inv_freq[i], &s, &c);
+    int a_at = neox ? i : 2 * i;
+    int b_at = neox ? i + half_d : 2 * i + 1;
+    float a = head[a_at], b = head[b_at];
+    head[a_at] = a * c - b * s;
+    head[b_at] = a * s + b * c;
+}
+
+// ---- KV cache -----------------------------------------------------------------------------
+// A layer's cache is [num_slots, n_kv_heads, head_dim]; int8 adds one f32 scale per
+// (slot, KV head). Grid: (n_tokens, n_kv_heads), one warp per (token, head).
+
+__device__ __forceinline__ float f16_saturate(float v) {
+    // Largest finite f16; NaN stays NaN.
+    return v != v ? v : fminf(fmaxf(v, -65504.0f), 65504.0f);
+}
+
+extern "C" __global__ void write_kv_f32(float* cache, const float* x, const int* slots,
+                                        int n_kv_heads, int head_dim) {
+    int t = blockIdx.x, h = blockIdx.y, w = n_kv_heads * head_dim;
+    const float* src = x + (size_t)t * w + h * head_dim;
+    float* dst = cache + (size_t)slots[t] * w + h * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += WARP) dst[i] = src[i];
+}
+
+extern "C" __global__ void write_kv_f16(u16* cache, const float* x, const int* slots,
+                                        int n_kv_heads, int head_dim) {
+    int t = blockIdx.x, h = blockIdx.y, w = n_kv_heads * head_dim;
+    const float* src = x + (size_t)t * w + h * head_dim;
+    u16* dst = cache + (size_t)slots[t] * w + h * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += WARP) dst[i] = f2h(f16_saturate(src[i]));
+}
+
+// Symmetric absmax: scale = max|x| / 127, q = round(x * 127 / max|x|), as quantize_int8.
+extern "C" __global__ void write_kv_int8(i8* cache, float* scales, const float* x,
+                                         const int* slots, int n_kv_heads, int head_dim) {
+    int t = blockIdx.x, h = blockIdx.y, w = n_kv_heads * head_dim;
+    const float* src = x + (size_t)t * w + h * head_dim;
+    size_t slot = (size_t)slots[t];
+    i8* dst = cache + slot * w + h * head_dim;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < head_dim; i += WARP) amax = fmaxf(amax, fabsf(src[i]));
+    amax = warp_max(amax);
+    bool usable = amax != 0.0f && isfinite(amax);
+    float inv = usable ? 127.0f / amax : 0.0f;
+    for (int i = threadIdx.x; i < head_dim; i += WARP) {
+        float q = roundf(src[i] * inv);
+        q = q != q ? 0.0f : fminf(fmaxf(q, -128.0f), 127.0f);
+        dst[i] = usable ? (i8)q : (i8)0;
+    }
+    if (threadIdx.x == 0) scales[slot * n_kv_heads + h] = usable ? amax / 127.0f : 0.0f;
+}
+
+// ---- paged attention ----------------------------------------------------------------------
+// q, out: [n_tokens, n_heads, head_dim]. Token t sits at position tok_pos[t] of its sequence,
+// whose block table starts at block_tables[tok_table[t]]; it attends to positions
+// 0..=tok_pos[t]. One block of ATTN_WARPS warps per (token, head): each warp runs an online
+// softmax over a strided share of the positions, then the warps' partial results merge.
+
+struct KvF32 {
+    const float* v;
+    __device__ float get(size_t slot_row, int i, size_t scale_at) const { return v[slot_row + i]; }
+};
+struct KvF16 {
+    const u16* v;
+    __device__ float get(size_t slot_row, int i, size_t scale_at) const { return h2f(v[slot_row + i]); }
+};
+struct KvInt8 {
+    const i8* v;
+    const float* s;
+    __device__ float get(size_t slot_row, int i, size_t scale_at) const {
+        return (float)v[slot_row + i] * s[scale_at];
+    }
+};
+
+template <typename Kv>
+__device__ void attention(const float* q, Kv k, Kv v, const int* tok_pos, const int* tok_table,
+                          const int* block_tables, float* out, int n_heads, int n_kv_heads,
+                          int head_dim, int block_size, float scale) {
+    const int PER_LANE = MAX_HEAD_DIM / WARP;
+    __shared__ float warp_m[ATTN_WARPS], warp_l[ATTN_WARPS];
+    __shared__ float warp_acc[ATTN_WARPS][MAX_HEAD_DIM];
+    int t = blockIdx.x, h = blockIdx.y;
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    int kvh = h / (n_heads / n_kv_heads);
+    int kv_width = n_kv_heads * head_dim;
+    const float* qh = q + ((size_t)t * n_heads + h) * head_dim;
+    const int* table = block_tables + tok_table[t];
+    int ctx = tok_pos[t] + 1;
+
+    float qv[PER_LANE], acc[PER_LANE];
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++) {
+        int i = lane + j * WARP;
+        qv[j] = i < head_dim ? qh[i] * scale : 0.0f;
+        acc[j] = 0.0f;
+    }
+    float m = NEG_INF, l = 0.0f;
+    for (int p = warp; p < ctx; p += ATTN_WARPS) {
+        size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
+        size_t row = slot * kv_width + (size_t)kvh * head_dim;
+        size_t scale_at = slot * n_kv_heads + kvh;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; j++) {
+            int i = lane + j * WARP;
+            if (i < head_dim) s += qv[j] * k.get(row, i, scale_at);
+        }
+        s = warp_sum(s);
+        float m_new = fmaxf(m, s);
+        float correction = expf(m - m_new);
+        float weight = expf(s - m_new);
+        l = l * correction + weight;
+#pragma unroll
+        for (int j = 0; j < PER_LANE; j++) {
+            int i = lane + j * WARP;
+            if (i < head_dim) acc[j] = acc[j] * correction + weight * v.get(row, i, scale_at);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        warp_m[warp] = m;
+        warp_l[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < PER_LANE; j++) {
+        int i = lane + j * WARP;
+        if (i < head_dim) warp_acc[warp][i] = acc[j];
+    }
+    __syncthreads();
+    float m_all = NEG_INF;
+    for (int w = 0; w < ATTN_WARPS; w++) m_all = fmaxf(m_all, warp_m[w]);
+    float l_all = 0.0f;
+    for (int w = 0; w < ATTN_WARPS; w++)
+        if (warp_l[w] > 0.0f) l_all += warp_l[w] * expf(warp_m[w] - m_all);
+    float* oh = out + ((size_t)t * n_heads + h) * head_dim;
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+        float sum = 0.0f;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (warp_l[w] > 0.0f) sum += warp_acc[w][i] * expf(warp_m[w] - m_all);
+        oh[i] = sum / l_all;
+    }
+}
+
+#define ATTENTION_ARGS                                                                  \
+    const float *q, const int *tok_pos, const int *tok_table, const int *block_tables,  \
+        float *out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale
+#define ATTENTION_PASS \
+    tok_pos, tok_table, block_tables, out, n_heads, n_kv_heads, head_dim, block_size, scale
+
+extern "C" __global__ void paged_attention_f32(const float* kc, const float* vc, ATTENTION_ARGS) {
+    attention(q, KvF32{kc}, KvF32{vc}, ATTENTION_PASS);
+}
+
+extern "C" __global__ void paged_attention_f16(const u16* kc, const u16* vc, ATTENTION_ARGS) {
+    attention(q, KvF16{kc}, KvF16{vc}, ATTENTION_PASS);
+}
+
+extern "C" __global__ void paged_attention_int8(const i8* kc, const float* ks, const i8* vc,
+                                                const float* vs, ATTENTION_ARGS) {
+    attention(q, KvInt8{kc, ks}, KvInt8{vc, vs}, ATTENTION_PASS);
+}
+
+// ---- quantised matmul ---------------------------------------------------------------------
+// y[m, n] = x[m, k] · W[n, k]^T with W in GGUF block layout (rows of k/32 blocks of 32
+// weights). Grid: (ceil(n / MM_WARPS), ceil(m / MM_ROWS)); each warp owns one weight row and
+// MM_ROWS activation rows; lane j dequantises blocks j, j+32, ... of its row.
+
+// Q4_0: f16 d, 16 bytes of nibbles; w = (q - 8) * d. Low nibbles are weights 0..15.
+struct Q4_0 {
+    static const int BYTES = 18;
+    __device__ static void dequant(const u8* b, float* out) {
+        float d = h2f(*(const u16*)b);
+        const u16* qs = (const u16*)(b + 2);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            u16 two = qs[j];
+            out[2 * j] = (float)((int)(two & 0xF) - 8) * d;
+            out[2 * j + 1] = (float)((int)((two >> 8) & 0xF) - 8) * d;
+            out[2 * j + 16] = (float)((int)((two >> 4) & 0xF) - 8) * d;
+            out[2 * j + 17] = (float)((int)(two >> 12) - 8) * d;
+        }
+    }
+};
+
+// Q4_1: f16 d, f16 min, 16 bytes of nibbles; w = q * d + min.
+struct Q4_1 {
+    static const int BYTES = 20;
+    __device__ static void dequant(const u8* b, float* out) {
+        float d = h2f(*(const u16*)b);
+        float mn = h2f(*(const u16*)(b + 2));
+        const u32* qs = (const u32*)(b + 4);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 four = qs[j];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 byte = (four >> (8 * k)) & 0xFF;
+                out[4 * j + k] = (float)(byte & 0xF) * d + mn;
+                out[4 * j + k + 16] = (float)(byte >> 4) * d + mn;
+            }
+        }
+    }
+};
+
+// Q8_0: f16 d, 32 signed bytes; w = q * d.
+struct Q8_0 {
+    static const int BYTES = 34;
+    __device__ static void dequant(const u8* b, float* out) {
+        float d = h2f(*(const u16*)b);
+        const u16* qs = (const u16*)(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u16 two = qs[j];
+            out[2 * j] = (float)(i8)(two & 0xFF) * d;
+            out[2 * j + 1] = (float)(i8)(two >> 8) * d;
+        }
+    }
+};
+
+template <typename F>
+__device__ void matmul_blocks(const u8* w, const float* x, float* y, int m, int n, int k) {
+    int lane = threadIdx.x % WARP;
+    int row = blockIdx.x * MM_WARPS + threadIdx.x / WARP;
+    if (row >= n) return;
+    int m0 = blockIdx.y * MM_ROWS;
+    int rows = min(MM_ROWS, m - m0);
+    int nb = k / 32;
+    const u8* wr = w + (size_t)row * nb * F::BYTES;
+    float acc[MM_ROWS];
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) acc[r] = 0.0f;
+    for (int b = lane; b < nb; b += WARP) {
+        float wv[32];
+        F::dequant(wr + (size_t)b * F::BYTES, wv);
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; r++) {
+            if (r < rows) {
+                const float4* xr = (const float4*)(x + (size_t)(m0 + r) * k + b * 32);
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float4 xv = xr[j];
+                    s += wv[4 * j] * xv.x + wv[4 * j + 1] * xv.y + wv[4 * j + 2] * xv.z +
+                         wv[4 * j + 3] * xv.w;
+                }
+                acc[r] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) {
+        float s = warp_sum(acc[r]);
+        if (lane == 0 && r < rows) y[(size_t)(m0 + r) * n + row] = s;
+    }
+}
+
+// The same product for larger m: a block stages MM_ROWS activation rows in shared memory,
+// MM_KTILE columns at a time, and each warp multiplies them with MM_ROWS_PER_WARP weight rows
+// (lane = weight row × block of the tile), so activations are read from device memory once per
+// block instead of once per weight row.
+#define MM_KTILE 256
+#define MM_TILE_BLOCKS (MM_KTILE / 32)
+#define MM_ROWS_PER_WARP (WARP / MM_TILE_BLOCKS)
+// Staged rows pad each 32-value block by one float so that lanes on different blocks read
+// different shared-memory banks.
+#define MM_XSTRIDE (MM_TILE_BLOCKS * 33)
+
+template <typename F>
+__device__ void matmul_tiled(const u8* w, const float* x, float* y, int m, int n, int k) {
+    __shared__ float xs[MM_ROWS][MM_XSTRIDE];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    int sub = lane / MM_TILE_BLOCKS;
+    int bi = lane % MM_TILE_BLOCKS;
+    int row = (blockIdx.x * MM_WARPS + warp) * MM_ROWS_PER_WARP + sub;
+    int m0 = blockIdx.y * MM_ROWS;
+    int rows = min(MM_ROWS, m - m0);
+    int nb = k / 32;
+    const u8* wr = w + (size_t)(row < n ? row : 0) * nb * F::BYTES;
+    float acc[MM_ROWS];
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) acc[r] = 0.0f;
+    for (int k0 = 0; k0 < k; k0 += MM_KTILE) {
+        int cols = min(MM_KTILE, k - k0);
+        __syncthreads();  // the previous tile has been read
+        for (int i = threadIdx.x; i < rows * MM_KTILE; i += blockDim.x) {
+            int r = i / MM_KTILE, c = i % MM_KTILE;
+            xs[r][(c / 32) * 33 + c % 32] = c < cols ? x[(size_t)(m0 + r) * k + k0 + c] : 0.0f;
+        }
+        __syncthreads();
+        if (row < n && bi * 32 < cols) {
+            float wv[32];
+            F::dequant(wr + (size_t)(k0 / 32 + bi) * F::BYTES, wv);
+#pragma unroll
+            for (int r = 0; r < MM_ROWS; r++) {
+                if (r < rows) {
+                    const float* xr = &xs[r][bi * 33];
+                    float s = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 32; j++) s += wv[j] * xr[j];
+                    acc[r] += s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) {
+        float s = acc[r];
+        // Sum over the MM_TILE_BLOCKS lanes that share a weight row.
+        for (int o = MM_TILE_BLOCKS / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (bi == 0 && row < n && r < rows) y[(size_t)(m0 + r) * n + row] = s;
+    }
+}
+
+extern "C" __global__ void matmul_tiled_q4_0(const u8* w, const float* x, float* y, int m, int n,
+                                             int k) {
+    matmul_tiled<Q4_0>(w, x, y, m, n, k);
+}
+
+extern "C" __global__ void matmul_tiled_q4_1(const u8* w, const float* x, float* y, int m, int n,
+                                             int k) {
+    matmul_tiled<Q4_1>(w, x, y, m, n, k);
+}
+
+extern "C" __global__ void matmul_tiled_q8_0(const u8* w, const float* x, float* y, int m, int n,
+                                             int k) {
+    matmul_tiled<Q8_0>(w, x, y, m, n, k);
+}
+
+extern "C" __global__ void matmul_q4_0(const u8* w, const float* x, float* y, int m, int n, int k) {
+    matmul_blocks<Q4_0>(w, x, y, m, n, k);
+}
+
+extern "C" __global__ void matmul_q4_1(const u8* w, const float* x, float* y, int m, int n, int k) {
+    matmul_blocks<Q4_1>(w, x, y, m, n, k);
+}
+
+extern "C" __global__ void matmul_q8_0(const u8* w, const float* x, float* y, int m, int n, int k) {
+    matmul_blocks<Q8_0>(w, x, y, m, n, k);
+}
+
+// W as f16 [n, k] (any k): the fallback for GGUF types without a block kernel here, which
+// are dequantised to f16 once at load time.
+extern "C" __global__ void matmul_f16(const u16* w, const float* x, float* y, int m, int n, int k) {
+    int lane = threadIdx.x % WARP;
+    int row = blockIdx.x * MM_WARPS + threadIdx.x / WARP;
+    if (row >= n) return;
+    int m0 = blockIdx.y * MM_ROWS;
+    int rows = min(MM_ROWS, m - m0);
+    const u16* wr = w + (size_t)row * k;
+    float acc[MM_ROWS];
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) acc[r] = 0.0f;
+    for (int i = lane; i < k; i += WARP) {
+        float wv = h2f(wr[i]);
+#pragma unroll
+        for (int r = 0; r < MM_ROWS; r++)
+            if (r < rows) acc[r] += wv * x[(size_t)(m0 + r) * k + i];
+    }
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++) {
+        float s = warp_sum(acc[r]);
+        if (lane == 0 && r < rows) y[(size_t)(m0 + r) * n + row] = s;
+    }
+}

@@ -1,0 +1,334 @@
+//! The forward pass on an NVIDIA GPU (feature `cuda`, `--device cuda`): the same steps as
+//! [`Model::forward`] with every tensor on the device and the kernels of
+//! `tidal_kernels::cuda`. The host prepares the batch layout and the embedding rows
+//! (a few KB per token) and reads back only the logits.
+
+use std::sync::Arc;
+
+use tidal_kernels::cuda::{AttentionBatch, CudaError, CudaSlice, Gpu, GpuKvBuffer, GpuMatrix};
+use tidal_kernels::{KvDtype, QuantType, RopeStyle};
+
+use super::batch::{embed, BatchLayout};
+use super::config::ModelConfig;
+use super::error::ModelError;
+use super::forward::{ForwardBatch, Model};
+use super::weight::Weight;
+
+impl From<CudaError> for ModelError {
+    fn from(e: CudaError) -> Self {
+        ModelError::Kernel(e.to_string())
+    }
+}
+
+struct GpuLayer {
+    attn_norm: CudaSlice<f32>,
+    wq: GpuMatrix,
+    wk: GpuMatrix,
+    wv: GpuMatrix,
+    bq: Option<CudaSlice<f32>>,
+    bk: Option<CudaSlice<f32>>,
+    bv: Option<CudaSlice<f32>>,
+    wo: GpuMatrix,
+    ffn_norm: CudaSlice<f32>,
+    w_gate: GpuMatrix,
+    w_up: GpuMatrix,
+    w_down: GpuMatrix,
+    k_cache: GpuKvBuffer,
+    v_cache: GpuKvBuffer,
+}
+
+/// Activations of one forward pass, grown to the largest batch seen and then reused.
+#[derive(Default)]
+struct Scratch {
+    tokens: usize,
+    buffers: Option<ScratchBuffers>,
+}
+
+struct ScratchBuffers {
+    x: CudaSlice<f32>,
+    normed: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    out: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+}
+
+impl ScratchBuffers {
+    fn new(gpu: &Gpu, c: &ModelConfig, n: usize) -> Result<Self, CudaError> {
+        let q_width = c.num_heads * c.head_dim;
+        Ok(Self {
+            x: gpu.zeros(n * c.hidden_size)?,
+            normed: gpu.zeros(n * c.hidden_size)?,
+            q: gpu.zeros(n * q_width)?,
+            k: gpu.zeros(n * c.kv_width())?,
+            v: gpu.zeros(n * c.kv_width())?,
+            attn: gpu.zeros(n * q_width)?,
+            out: gpu.zeros(n * c.hidden_size)?,
+            gate: gpu.zeros(n * c.ffn_size)?,
+            up: gpu.zeros(n * c.ffn_size)?,
+        })
+    }
+}
+
+/// A model whose weights and KV cache live on one GPU.
+pub struct CudaModel {
+    gpu: Arc<Gpu>,
+    host: Model,
+    layers: Vec<GpuLayer>,
+    output_norm: CudaSlice<f32>,
+    lm_head: GpuMatrix,
+    inv_freq: CudaSlice<f32>,
+    kv_dtype: KvDtype,
+    block_size: usize,
+    num_blocks: usize,
+    scratch: Scratch,
+}
+
+fn upload_matrix(gpu: &Gpu, w: &Weight) -> Result<GpuMatrix, ModelError> {
+    use candle_core::quantized::GgmlDType;
+    let blocks = match w.dtype() {
+        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
+        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
+        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
+        _ => None,
+    };
+    let matrix = match blocks {
+        Some(ty) => GpuMatrix::from_blocks(gpu, ty, w.bytes(), w.rows(), w.cols()),
+        // Types without a block kernel: dequantised once, kept as f16.
+        None => GpuMatrix::from_f32(gpu, &w.to_f32(), w.rows(), w.cols()),
+    };
+    matrix.map_err(|e| ModelError::Kernel(format!("uploading {}: {e}", w.name())))
+}
+
+impl CudaModel {
+    /// Uploads `model`'s weights to `gpu` and allocates a KV cache of `num_blocks` blocks of
+    /// `block_size` tokens in `kv_dtype` for every layer.
+    pub fn new(
+        gpu: Arc<Gpu>,
+        model: Model,
+        kv_dtype: KvDtype,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, ModelError> {
+        let c = model.config().clone();
+        let slots = num_blocks * block_size;
+        let weights = model.weights();
+        let mut layers = Vec::with_capacity(weights.layers.len());
+        for l in &weights.layers {
+            let bias = |b: &Option<Vec<f32>>| -> Result<Option<CudaSlice<f32>>, ModelError> {
+                Ok(match b {
+                    Some(v) => Some(gpu.upload(v)?),
+                    None => None,
+                })
+            };
+            layers.push(GpuLayer {
+                attn_norm: gpu.upload(&l.attn_norm)?,
+                wq: upload_matrix(&gpu, &l.wq)?,
+                wk: upload_matrix(&gpu, &l.wk)?,
+                wv: upload_matrix(&gpu, &l.wv)?,
+                bq: bias(&l.bq)?,
+                bk: bias(&l.bk)?,
+                bv: bias(&l.bv)?,
+                wo: upload_matrix(&gpu, &l.wo)?,
+                ffn_norm: gpu.upload(&l.ffn_norm)?,
+                w_gate: upload_matrix(&gpu, &l.w_gate)?,
+                w_up: upload_matrix(&gpu, &l.w_up)?,
+                w_down: upload_matrix(&gpu, &l.w_down)?,
+                k_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
+                v_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
+            });
+        }
+        let output_norm = gpu.upload(&weights.output_norm)?;
+        let lm_head = upload_matrix(&gpu, weights.lm_head())?;
+        let inv_freq = gpu.upload(model.rope().inv_freq())?;
+        gpu.synchronize()?;
+        let (free, total) = gpu.memory_info()?;
+        tracing::info!(
+            gpu = gpu.name(),
+            weights_mib =
+                (layers.iter().map(GpuLayer::weight_bytes).sum::<usize>() + lm_head.bytes()) >> 20,
+            kv_mib = (layers
+                .iter()
+                .map(|l| l.k_cache.memory_bytes() + l.v_cache.memory_bytes())
+                .sum::<usize>())
+                >> 20,
+            free_mib = free >> 20,
+            total_mib = total >> 20,
+            "model uploaded to the GPU"
+        );
+        Ok(Self {
+            gpu,
+            host: model,
+            layers,
+            output_norm,
+            lm_head,
+            inv_freq,
+            kv_dtype,
+            block_size,
+            num_blocks,
+            scratch: Scratch::default(),
+        })
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        self.host.config()
+    }
+
+    /// The GPU the model runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Element type of the KV cache.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
+    /// Bytes of KV cache on the device.
+    pub fn kv_memory_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.k_cache.memory_bytes() + l.v_cache.memory_bytes())
+            .sum()
+    }
+
+    /// Runs the batch as [`Model::forward`] does, writing K/V into the GPU cache, and returns
+    /// logits `[r, vocab]` for the sequences with `want_logits`, in batch order.
+    pub fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<f32>, ModelError> {
+        let c = self.host.config().clone();
+        let n = batch.num_tokens();
+        let d = c.hidden_size;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let layout = BatchLayout::new(batch, self.block_size, self.num_blocks)?;
+        let x_host = embed(batch, &self.host.weights().token_embedding, c.vocab_size, d)?;
+        let gpu = self.gpu.clone();
+        if self.scratch.tokens < n || self.scratch.buffers.is_none() {
+            // Grow to the next power of two so that a ramping batch reallocates rarely.
+            let tokens = n.next_power_of_two();
+            self.scratch.buffers = Some(ScratchBuffers::new(&gpu, &c, tokens)?);
+            self.scratch.tokens = tokens;
+        }
+        let Some(b) = self.scratch.buffers.as_mut() else {
+            return Err(ModelError::Kernel("GPU scratch buffers missing".into()));
+        };
+        gpu.stream()
+            .memcpy_htod(&x_host, &mut b.x.slice_mut(..n * d))
+            .map_err(CudaError::from)?;
+        let pos32: Vec<i32> = layout.positions.iter().map(|&p| p as i32).collect();
+        let slot32: Vec<i32> = layout.slots.iter().map(|&s| s as i32).collect();
+        let positions = gpu.upload(&pos32)?;
+        let slots = gpu.upload(&slot32)?;
+        let max_slot = layout.slots.iter().copied().max().unwrap_or(0);
+        let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table).collect();
+        let attention = AttentionBatch::new(
+            &gpu,
+            &layout.positions,
+            &layout.token_seq,
+            &tables,
+            self.block_size,
+        )?;
+        let neox = self.host.rope().style() == RopeStyle::Neox;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let eps = c.rms_norm_eps;
+        for l in &mut self.layers {
+            gpu.rms_norm(&b.x, &l.attn_norm, eps, n, &mut b.normed)?;
+            gpu.matmul(&l.wq, &b.normed, n, &mut b.q)?;
+            gpu.matmul(&l.wk, &b.normed, n, &mut b.k)?;
+            gpu.matmul(&l.wv, &b.normed, n, &mut b.v)?;
+            for (out, bias) in [(&mut b.q, &l.bq), (&mut b.k, &l.bk), (&mut b.v, &l.bv)] {
+                if let Some(bias) = bias {
+                    gpu.add_bias(out, bias, n)?;
+                }
+            }
+            gpu.rope(
+                &mut b.q,
+                &positions,
+                &self.inv_freq,
+                n,
+                c.num_heads,
+                c.head_dim,
+                neox,
+            )?;
+            gpu.rope(
+                &mut b.k,
+                &positions,
+                &self.inv_freq,
+                n,
+                c.num_kv_heads,
+                c.head_dim,
+                neox,
+            )?;
+            gpu.write_kv(
+                &mut l.k_cache,
+                &b.k,
+                &slots,
+                max_slot,
+                c.num_kv_heads,
+                c.head_dim,
+            )?;
+            gpu.write_kv(
+                &mut l.v_cache,
+                &b.v,
+                &slots,
+                max_slot,
+                c.num_kv_heads,
+                c.head_dim,
+            )?;
+            gpu.paged_attention(
+                &b.q,
+                &l.k_cache,
+                &l.v_cache,
+                &attention,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim,
+                self.block_size,
+                scale,
+                &mut b.attn,
+            )?;
+            gpu.matmul(&l.wo, &b.attn, n, &mut b.out)?;
+            gpu.add_into(&mut b.x, &b.out, n * d)?;
+
+            gpu.rms_norm(&b.x, &l.ffn_norm, eps, n, &mut b.normed)?;
+            gpu.matmul(&l.w_gate, &b.normed, n, &mut b.gate)?;
+            gpu.matmul(&l.w_up, &b.normed, n, &mut b.up)?;
+            gpu.silu_mul(&mut b.gate, &b.up, n * c.ffn_size)?;
+            gpu.matmul(&l.w_down, &b.gate, n, &mut b.out)?;
+            gpu.add_into(&mut b.x, &b.out, n * d)?;
+        }
+        let r = layout.logit_rows.len();
+        if r == 0 {
+            gpu.synchronize()?;
+            return Ok(Vec::new());
+        }
+        // Reuse `out` for the gathered rows and `normed` for their norm.
+        gpu.gather_rows(&b.x, &layout.logit_rows, d, &mut b.out)?;
+        gpu.rms_norm(&b.out, &self.output_norm, eps, r, &mut b.normed)?;
+        let mut logits = gpu.zeros::<f32>(r * c.vocab_size)?;
+        gpu.matmul(&self.lm_head, &b.normed, r, &mut logits)?;
+        Ok(gpu.download(&logits)?)
+    }
+}
+
+impl GpuLayer {
+    fn weight_bytes(&self) -> usize {
+        [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ]
+        .iter()
+        .map(|m| m.bytes())
+        .sum()
+    }
+}

@@ -8,45 +8,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tidal_controller::fleet_cost::FLEET_COST;
-use tidal_controller::names::labels;
 use tidal_controller::reconcile::reconcile;
 use tidal_controller::Error;
 use tidal_crds::Model;
 use tidal_queue::CapacityType;
 
-const NS: &str = "models";
 const NAME: &str = "llama-3-8b";
 const ID: &str = "models/llama-3-8b";
 
+/// A pod that is scheduled (on `node`) or Pending, never Ready: cost counts scheduled pods.
 fn pod(name: &str, cap: CapacityType, node: Option<&str>) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(NS.into()),
-            labels: Some(labels(NAME, cap)),
-            creation_timestamp: Some(Time(Timestamp::from_second(T0 as i64).unwrap())),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: node.map(String::from),
-            ..PodSpec::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some(if node.is_some() { "Running" } else { "Pending" }.into()),
-            conditions: Some(vec![PodCondition {
-                type_: "Ready".into(),
-                status: "False".into(),
-                ..PodCondition::default()
-            }]),
-            ..PodStatus::default()
-        }),
-    }
+    worker_pod(name, NAME, cap, node, false)
 }
 
 /// Answers every request of one reconcile (applies, scale patches, events, status, deletes,

@@ -8,14 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, PodCondition, PodSpec, PodStatus, Taint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Pod, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::controller::Action;
 use serde_json::json;
 use tidal_billing::{CapacityType as Billing, Period, Principal};
 use tidal_controller::deployment::{build, WorkerConfig};
-use tidal_controller::names::labels;
 use tidal_controller::reconcile::reconcile;
 use tidal_crds::Model;
 use tidal_queue::{Broker, CapacityType, Job};
@@ -32,28 +30,7 @@ fn cfg() -> WorkerConfig {
 }
 
 fn pod(name: &str, cap: CapacityType, node: Option<&str>, ready: bool) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(NS.into()),
-            labels: Some(labels(NAME, cap)),
-            creation_timestamp: Some(Time(Timestamp::from_second(T0 as i64).unwrap())),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            node_name: node.map(String::from),
-            ..PodSpec::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some(if node.is_some() { "Running" } else { "Pending" }.into()),
-            conditions: Some(vec![PodCondition {
-                type_: "Ready".into(),
-                status: if ready { "True" } else { "False" }.into(),
-                ..PodCondition::default()
-            }]),
-            ..PodStatus::default()
-        }),
-    }
+    worker_pod(name, NAME, cap, node, ready)
 }
 
 fn node(name: &str, taint: Option<&str>) -> Node {

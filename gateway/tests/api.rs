@@ -563,15 +563,7 @@ async fn started_before_the_deadline_is_served() {
     let broker = h.broker.clone();
     // A worker claims at once but writes its first event only after the deadline.
     let worker = tokio::spawn(async move {
-        let job = loop {
-            let mut got = broker
-                .claim("edge", "w", 1, Duration::from_millis(200))
-                .await
-                .unwrap();
-            if let Some(j) = got.pop() {
-                break j;
-            }
-        };
+        let job = claim_one(&*broker, "edge").await;
         tokio::time::sleep(Duration::from_millis(800)).await;
         let id = job.job.id;
         broker
@@ -642,15 +634,7 @@ async fn worker_error_before_output_is_the_http_status() {
     let broker = h.broker.clone();
     let worker = tokio::spawn(async move {
         for _ in 0..2 {
-            let job = loop {
-                let mut got = broker
-                    .claim("picky", "w", 1, Duration::from_millis(200))
-                    .await
-                    .unwrap();
-                if let Some(j) = got.pop() {
-                    break j;
-                }
-            };
+            let job = claim_one(&*broker, "picky").await;
             broker
                 .append_response(
                     job.job.id,
@@ -687,15 +671,7 @@ async fn worker_error_mid_stream_is_an_error_chunk() {
     h.put_model("flaky", 5_000, 0).await;
     let broker = h.broker.clone();
     let worker = tokio::spawn(async move {
-        let job = loop {
-            let mut got = broker
-                .claim("flaky", "w", 1, Duration::from_millis(200))
-                .await
-                .unwrap();
-            if let Some(j) = got.pop() {
-                break j;
-            }
-        };
+        let job = claim_one(&*broker, "flaky").await;
         let id = job.job.id;
         broker
             .append_response(

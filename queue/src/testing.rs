@@ -92,3 +92,21 @@ pub fn delete_prefix(url: &str, prefix: &str) {
         cursor = next;
     }
 }
+
+/// Every usage event published so far on `broker`, read and acked as the billing consumer
+/// would (consumer group `test-billing`). Panics on a broker error: for tests only.
+pub async fn drain_usage(broker: &dyn crate::Broker) -> Vec<crate::UsageEvent> {
+    let mut out = Vec::new();
+    loop {
+        let got = broker
+            .read_usage("test-billing", 1000, Duration::ZERO)
+            .await
+            .expect("read usage");
+        if got.is_empty() {
+            return out;
+        }
+        let entries: Vec<String> = got.iter().map(|d| d.entry_id.clone()).collect();
+        broker.ack_usage(&entries).await.expect("ack usage");
+        out.extend(got.into_iter().map(|d| d.event));
+    }
+}

@@ -293,22 +293,7 @@ pub async fn wait_settled(broker: &dyn Broker) {
     }
 }
 
-/// Every usage event published so far (read and acked as billing would).
-pub async fn usage_events(broker: &dyn Broker) -> Vec<UsageEvent> {
-    let mut out = Vec::new();
-    loop {
-        let got = broker
-            .read_usage("test-billing", 1000, Duration::ZERO)
-            .await
-            .unwrap();
-        if got.is_empty() {
-            return out;
-        }
-        let entries: Vec<String> = got.iter().map(|d| d.entry_id.clone()).collect();
-        broker.ack_usage(&entries).await.unwrap();
-        out.extend(got.into_iter().map(|d| d.event));
-    }
-}
+pub use tidal_queue::testing::drain_usage as usage_events;
 
 fn deltas(events: &[ResponseEvent]) -> (Vec<u32>, String) {
     let mut ids = Vec::new();

@@ -210,3 +210,39 @@ pub fn model(example: &str, finalised: bool) -> Model {
     }
     m
 }
+
+/// A worker pod of model `models/<name>` on `capacity`: Running on `node` (Ready or not), or
+/// Pending (unscheduled) without one. Created at [`T0`].
+pub fn worker_pod(
+    name: &str,
+    model_name: &str,
+    capacity: tidal_queue::CapacityType,
+    node: Option<&str>,
+    ready: bool,
+) -> Pod {
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("models".into()),
+            labels: Some(tidal_controller::names::labels(model_name, capacity)),
+            creation_timestamp: Some(Time(Timestamp::from_second(T0 as i64).unwrap())),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            node_name: node.map(String::from),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some(if node.is_some() { "Running" } else { "Pending" }.into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        }),
+    }
+}

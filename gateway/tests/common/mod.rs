@@ -290,3 +290,16 @@ where
     }
     panic!("timed out waiting for: {what}");
 }
+
+/// Plays a worker of `model`: waits until one job can be claimed and returns it.
+pub async fn claim_one(broker: &dyn Broker, model: &str) -> tidal_queue::ClaimedJob {
+    loop {
+        let mut got = broker
+            .claim(model, "w", 1, Duration::from_millis(200))
+            .await
+            .unwrap();
+        if let Some(job) = got.pop() {
+            return job;
+        }
+    }
+}

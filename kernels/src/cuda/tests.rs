@@ -114,15 +114,12 @@ fn rope_matches_cpu_for_both_styles() {
             let x = random_vec(&mut r, n_tokens * n_heads * hd, 2.0);
             let mut expected = x.clone();
             rope.apply(&mut expected, &positions, n_heads);
-            let inv_freq: Vec<f32> = (0..hd / 2)
-                .map(|i| ((10_000f64).powf(-2.0 * i as f64 / hd as f64) / scale as f64) as f32)
-                .collect();
             let pos32: Vec<i32> = positions.iter().map(|&p| p as i32).collect();
             let mut xd = gpu.upload(&x).unwrap();
             gpu.rope(
                 &mut xd,
                 &gpu.upload(&pos32).unwrap(),
-                &gpu.upload(&inv_freq).unwrap(),
+                &gpu.upload(rope.inv_freq()).unwrap(),
                 n_tokens,
                 n_heads,
                 hd,

@@ -70,36 +70,7 @@ pub async fn ensure_redis() -> String {
         .expect("test Redis")
 }
 
-/// Deletes every key under `prefix` (never anything else: the server is shared).
-/// Synchronous, so it can run from `Drop` when a test panics.
-pub fn delete_prefix(url: &str, prefix: &str) {
-    let Ok(client) = redis::Client::open(url) else {
-        return;
-    };
-    let Ok(mut c) = client.get_connection() else {
-        return;
-    };
-    let mut cursor: u64 = 0;
-    loop {
-        let Ok((next, keys)) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(format!("{prefix}*"))
-            .arg("COUNT")
-            .arg(1000)
-            .query::<(u64, Vec<String>)>(&mut c)
-        else {
-            return;
-        };
-        if !keys.is_empty() {
-            let _ = redis::cmd("DEL").arg(&keys).query::<i64>(&mut c);
-        }
-        if next == 0 {
-            break;
-        }
-        cursor = next;
-    }
-}
+pub use tidal_queue::testing::delete_prefix;
 
 /// The Redis broker under a prefix unique to this test.
 pub struct RedisHarness {

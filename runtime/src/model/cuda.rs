@@ -6,13 +6,13 @@
 use std::sync::Arc;
 
 use tidal_kernels::cuda::{AttentionBatch, CudaError, CudaSlice, Gpu, GpuKvBuffer, GpuMatrix};
-use tidal_kernels::{KvDtype, QuantType, RopeStyle};
+use tidal_kernels::{KvDtype, RopeStyle};
 
 use super::batch::{embed, BatchLayout};
 use super::config::ModelConfig;
 use super::error::ModelError;
 use super::forward::{ForwardBatch, Model};
-use super::weight::Weight;
+use super::weight::{own_kernel_type, Weight};
 
 impl From<CudaError> for ModelError {
     fn from(e: CudaError) -> Self {
@@ -37,14 +37,10 @@ struct GpuLayer {
     v_cache: GpuKvBuffer,
 }
 
-/// Activations of one forward pass, grown to the largest batch seen and then reused.
-#[derive(Default)]
-struct Scratch {
-    tokens: usize,
-    buffers: Option<ScratchBuffers>,
-}
-
+/// Activations of one forward pass for up to `tokens` tokens, grown to the largest batch seen
+/// and then reused.
 struct ScratchBuffers {
+    tokens: usize,
     x: CudaSlice<f32>,
     normed: CudaSlice<f32>,
     q: CudaSlice<f32>,
@@ -60,6 +56,7 @@ impl ScratchBuffers {
     fn new(gpu: &Gpu, c: &ModelConfig, n: usize) -> Result<Self, CudaError> {
         let q_width = c.num_heads * c.head_dim;
         Ok(Self {
+            tokens: n,
             x: gpu.zeros(n * c.hidden_size)?,
             normed: gpu.zeros(n * c.hidden_size)?,
             q: gpu.zeros(n * q_width)?,
@@ -81,21 +78,14 @@ pub struct CudaModel {
     output_norm: CudaSlice<f32>,
     lm_head: GpuMatrix,
     inv_freq: CudaSlice<f32>,
-    kv_dtype: KvDtype,
     block_size: usize,
     num_blocks: usize,
-    scratch: Scratch,
+    scratch: Option<ScratchBuffers>,
 }
 
 fn upload_matrix(gpu: &Gpu, w: &Weight) -> Result<GpuMatrix, ModelError> {
-    use candle_core::quantized::GgmlDType;
-    let blocks = match w.dtype() {
-        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
-        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
-        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
-        _ => None,
-    };
-    let matrix = match blocks {
+    // The GPU has block kernels for the same types as the CPU's own kernels.
+    let matrix = match own_kernel_type(w.dtype()) {
         Some(ty) => GpuMatrix::from_blocks(gpu, ty, w.bytes(), w.rows(), w.cols()),
         // Types without a block kernel: dequantised once, kept as f16.
         None => GpuMatrix::from_f32(gpu, &w.to_f32(), w.rows(), w.cols()),
@@ -166,26 +156,15 @@ impl CudaModel {
             output_norm,
             lm_head,
             inv_freq,
-            kv_dtype,
             block_size,
             num_blocks,
-            scratch: Scratch::default(),
+            scratch: None,
         })
     }
 
     /// Hyper-parameters.
     pub fn config(&self) -> &ModelConfig {
         self.host.config()
-    }
-
-    /// The GPU the model runs on.
-    pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    /// Element type of the KV cache.
-    pub fn kv_dtype(&self) -> KvDtype {
-        self.kv_dtype
     }
 
     /// Bytes of KV cache on the device.
@@ -199,7 +178,8 @@ impl CudaModel {
     /// Runs the batch as [`Model::forward`] does, writing K/V into the GPU cache, and returns
     /// logits `[r, vocab]` for the sequences with `want_logits`, in batch order.
     pub fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<f32>, ModelError> {
-        let c = self.host.config().clone();
+        // Fields borrowed apart: the host model is read while the layers' caches are written.
+        let c = self.host.config();
         let n = batch.num_tokens();
         let d = c.hidden_size;
         if n == 0 {
@@ -207,15 +187,11 @@ impl CudaModel {
         }
         let layout = BatchLayout::new(batch, self.block_size, self.num_blocks)?;
         let x_host = embed(batch, &self.host.weights().token_embedding, c.vocab_size, d)?;
-        let gpu = self.gpu.clone();
-        if self.scratch.tokens < n || self.scratch.buffers.is_none() {
+        let gpu = &self.gpu;
+        let b = match &mut self.scratch {
+            Some(b) if b.tokens >= n => b,
             // Grow to the next power of two so that a ramping batch reallocates rarely.
-            let tokens = n.next_power_of_two();
-            self.scratch.buffers = Some(ScratchBuffers::new(&gpu, &c, tokens)?);
-            self.scratch.tokens = tokens;
-        }
-        let Some(b) = self.scratch.buffers.as_mut() else {
-            return Err(ModelError::Kernel("GPU scratch buffers missing".into()));
+            slot => slot.insert(ScratchBuffers::new(gpu, c, n.next_power_of_two())?),
         };
         gpu.stream()
             .memcpy_htod(&x_host, &mut b.x.slice_mut(..n * d))
@@ -227,7 +203,7 @@ impl CudaModel {
         let max_slot = layout.slots.iter().copied().max().unwrap_or(0);
         let tables: Vec<&[u32]> = batch.seqs.iter().map(|s| s.block_table).collect();
         let attention = AttentionBatch::new(
-            &gpu,
+            gpu,
             &layout.positions,
             &layout.token_seq,
             &tables,

@@ -76,7 +76,7 @@ macro_rules! with_block_type {
 }
 
 /// The block types our own matmul kernels run (candle's path for the rest).
-fn own_kernel_type(dtype: GgmlDType) -> Option<QuantType> {
+pub(crate) fn own_kernel_type(dtype: GgmlDType) -> Option<QuantType> {
     match dtype {
         GgmlDType::Q4_0 => Some(QuantType::Q4_0),
         GgmlDType::Q4_1 => Some(QuantType::Q4_1),

@@ -285,22 +285,7 @@ pub fn assert_complete(events: &[ResponseEvent]) {
         .all(|e| matches!(e, ResponseEvent::Delta { .. })));
 }
 
-/// Every usage event published so far (read and acked as billing would).
-pub async fn usage_events(broker: &dyn Broker) -> Vec<UsageEvent> {
-    let mut out = Vec::new();
-    loop {
-        let got = broker
-            .read_usage("test-billing", 1000, Duration::ZERO)
-            .await
-            .unwrap();
-        if got.is_empty() {
-            return out;
-        }
-        let entries: Vec<String> = got.iter().map(|d| d.entry_id.clone()).collect();
-        broker.ack_usage(&entries).await.unwrap();
-        out.extend(got.into_iter().map(|d| d.event));
-    }
-}
+pub use tidal_queue::testing::drain_usage as usage_events;
 
 /// Usage events by request, deduplicated by (request, segment) as billing does.
 pub fn usage_by_request(events: &[UsageEvent]) -> BTreeMap<Uuid, BTreeMap<u32, UsageEvent>> {

@@ -7,12 +7,11 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use tidal_billing::ledger::RequestRecord;
 use tidal_protocol::error::parse_json;
 use tidal_protocol::job::JobRequest;
 use tidal_protocol::render::{Endpoint, ResponseMeta};
 use tidal_protocol::ApiError;
-use tidal_queue::Job;
+use tidal_queue::{Job, RequestRecord};
 use uuid::Uuid;
 
 use crate::auth;
@@ -161,19 +160,17 @@ pub(crate) async fn submit(
         deadline_ms,
         0,
     );
-    let created_at =
-        chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_else(chrono::Utc::now);
     let owner = RequestRecord {
         id,
         tenant,
         model: model.clone(),
         entry_id: entry,
-        endpoint,
+        endpoint: endpoint.as_str().to_owned(),
         include_usage,
         deadline_ms,
-        created_at,
+        created_at_ms: now_ms,
     };
-    if let Err(e) = shared.ledger.record_request(&owner).await {
+    if let Err(e) = shared.broker.record_request(&owner).await {
         drop(tracked);
         return Err(e.into());
     }

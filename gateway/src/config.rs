@@ -24,9 +24,6 @@ pub struct GatewayConfig {
     pub idle_timeout: Duration,
     /// How long broker failures are retried while serving a request before giving up (503).
     pub broker_retry: Duration,
-    /// Request records (owner of each request id, for reattaching) older than this are
-    /// pruned; keep it above the broker's response-stream expiry.
-    pub request_retention: Duration,
     /// Renders `/metrics`; `None` answers 404 there.
     pub prometheus: Option<PrometheusHandle>,
     /// Source of wall-clock time (deadlines, rate-limit windows).
@@ -41,7 +38,6 @@ impl Default for GatewayConfig {
             read_block: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(300),
             broker_retry: Duration::from_secs(30),
-            request_retention: Duration::from_secs(24 * 3600),
             prometheus: None,
             clock: Arc::new(SystemClock),
         }
@@ -56,7 +52,6 @@ impl std::fmt::Debug for GatewayConfig {
             .field("read_block", &self.read_block)
             .field("idle_timeout", &self.idle_timeout)
             .field("broker_retry", &self.broker_retry)
-            .field("request_retention", &self.request_retention)
             .field("prometheus", &self.prometheus.is_some())
             .field("clock", &self.clock)
             .finish()

@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use tidal_billing::ledger::RateLimits;
@@ -95,8 +94,8 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway over `broker` (jobs, responses, model records), `ledger` (keys, budgets,
-    /// limits, request owners) and `limiter` (rate-limit counters).
+    /// A gateway over `broker` (jobs, responses, request owners, model records), `ledger`
+    /// (keys, budgets, limits) and `limiter` (rate-limit counters).
     pub fn new(
         broker: Arc<dyn Broker>,
         ledger: Ledger,
@@ -135,28 +134,5 @@ impl Gateway {
     /// (`GET /v1/requests/{id}/events`) through another replica or after the restart.
     pub fn detach_in_flight(&self) {
         self.shared.detached.store(true, Ordering::SeqCst);
-    }
-
-    /// Forgets request records older than `request_retention`, every `every`, until the
-    /// returned task is aborted.
-    pub fn spawn_pruner(&self, every: Duration) -> tokio::task::JoinHandle<()> {
-        let shared = self.shared.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let cutoff_ms = shared
-                    .now_ms()
-                    .saturating_sub(shared.config.request_retention.as_millis() as u64);
-                let Some(cutoff) = chrono::DateTime::from_timestamp_millis(cutoff_ms as i64) else {
-                    continue;
-                };
-                match shared.ledger.prune_requests(cutoff).await {
-                    Ok(n) if n > 0 => tracing::info!(pruned = n, "old request records pruned"),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "pruning request records failed"),
-                }
-            }
-        })
     }
 }

@@ -6,7 +6,7 @@
 //! briefly) → body checks ([`tidal_protocol::job::JobRequest::validate`]) → budget (402) and
 //! rate limits (429 + `Retry-After`, [`limits`]) → model record (404 `model_not_found`) →
 //! backlog cap (503 + `Retry-After`) → enqueue with `deadline = now + max queue wait` and
-//! record its owner in the ledger → read its response stream (blocking reads) → JSON or SSE.
+//! record its owner in the broker → read its response stream (blocking reads) → JSON or SSE.
 //! Past the deadline with nothing started, the job is withdrawn and the client gets 503; if
 //! a worker started it first, it is served. A client that goes away withdraws or cancels its
 //! job. A client whose connection broke (a gateway restart) reattaches with

@@ -203,7 +203,7 @@ impl Tracked {
     }
 
     /// The request ended normally (terminal event delivered, or withdrawn): forget its
-    /// response stream and record in the background.
+    /// response stream and record in the background (both also expire by themselves).
     pub fn finish(&mut self) {
         if self.phase == Phase::Finished {
             return;
@@ -215,7 +215,7 @@ impl Tracked {
             if let Err(e) = shared.broker.delete_responses(id).await {
                 tracing::debug!(error = %e, %id, "deleting a delivered response stream failed (it expires)");
             }
-            if let Err(e) = shared.ledger.forget_request(id).await {
+            if let Err(e) = shared.broker.forget_request(id).await {
                 tracing::debug!(error = %e, %id, "forgetting a request record failed (it is pruned)");
             }
         });
@@ -255,7 +255,7 @@ impl Tracked {
                 }
             }
             let _ = shared.broker.delete_responses(id).await;
-            let _ = shared.ledger.forget_request(id).await;
+            let _ = shared.broker.forget_request(id).await;
             tracing::info!(%id, started, "client gone; job stopped");
         });
     }

@@ -46,15 +46,15 @@ async fn chat_non_streaming() {
     assert_eq!(body["usage"]["completion_tokens"], 3);
     assert_eq!(body["usage"]["total_tokens"], 6);
     // Delivered: the response stream and the owner record go.
-    let (b, l) = (h.broker.clone(), h.ledger.clone());
+    let b = h.broker.clone();
     eventually("response stream and record removed", || {
-        let (b, l) = (b.clone(), l.clone());
+        let b = b.clone();
         async move {
             b.read_responses(id, 0, 10, Duration::ZERO)
                 .await
                 .unwrap()
                 .is_empty()
-                && l.owned_request("acme", id).await.unwrap().is_none()
+                && b.request(id).await.unwrap().is_none()
         }
     })
     .await;
@@ -737,10 +737,9 @@ async fn streaming_client_disconnect_cancels_the_job() {
         async move { b.is_cancelled(id).await.unwrap() }
     })
     .await;
-    let l = h.ledger.clone();
     eventually("record forgotten", || {
-        let l = l.clone();
-        async move { l.owned_request("acme", id).await.unwrap().is_none() }
+        let b = b.clone();
+        async move { b.request(id).await.unwrap().is_none() }
     })
     .await;
     w.stop().await;
@@ -855,10 +854,10 @@ async fn reattach_after_a_gateway_restart() {
     assert_eq!(usage["usage"]["completion_tokens"], 12);
     assert_eq!(rest.last().unwrap().data, "[DONE]");
     // Delivered: gone.
-    let l = h.ledger.clone();
+    let b = h.broker.clone();
     eventually("record forgotten", || {
-        let l = l.clone();
-        async move { l.owned_request("acme", id).await.unwrap().is_none() }
+        let b = b.clone();
+        async move { b.request(id).await.unwrap().is_none() }
     })
     .await;
     let r = h.http.get(&url).bearer_auth(&h.key).send().await.unwrap();

@@ -1,11 +1,9 @@
-//! The ledger's gateway tables (rate limits, request owners) on PostgreSQL and SQLite.
+//! The ledger's gateway table (rate limits) on PostgreSQL and SQLite.
 
-use chrono::{Duration, Utc};
-use tidal_billing::ledger::{RateLimits, RequestRecord};
+use chrono::Utc;
+use tidal_billing::ledger::RateLimits;
 use tidal_billing::scratch::{ScratchDb, DEFAULT_SERVER_URL};
 use tidal_billing::{Error, Ledger};
-use tidal_protocol::render::Endpoint;
-use uuid::Uuid;
 
 async fn exercise(ledger: &Ledger) {
     let now = Utc::now();
@@ -47,57 +45,6 @@ async fn exercise(ledger: &Ledger) {
     assert_eq!(all.len(), 2);
     assert_eq!((all[0].tenant.id.as_str(), all[0].limits), ("acme", l2));
     assert_eq!(all[1].limits, RateLimits::default());
-
-    let id = Uuid::now_v7();
-    let rec = RequestRecord {
-        id,
-        tenant: "acme".into(),
-        model: "ns/m".into(),
-        entry_id: "1-0".into(),
-        endpoint: Endpoint::Chat,
-        include_usage: true,
-        deadline_ms: 1_800_000_000_000,
-        created_at: chrono::DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap(),
-    };
-    ledger.record_request(&rec).await.unwrap();
-    assert!(ledger.record_request(&rec).await.is_err(), "ids are unique");
-    assert_eq!(
-        ledger.owned_request("acme", id).await.unwrap(),
-        Some(rec.clone())
-    );
-    assert_eq!(
-        ledger.owned_request("beta", id).await.unwrap(),
-        None,
-        "tenant-scoped"
-    );
-    assert_eq!(
-        ledger.owned_request("acme", Uuid::now_v7()).await.unwrap(),
-        None
-    );
-    assert!(ledger.forget_request(id).await.unwrap());
-    assert!(!ledger.forget_request(id).await.unwrap());
-    let old = RequestRecord {
-        id: Uuid::now_v7(),
-        created_at: now - Duration::days(2),
-        endpoint: Endpoint::Completion,
-        ..rec.clone()
-    };
-    ledger.record_request(&old).await.unwrap();
-    ledger
-        .record_request(&RequestRecord {
-            id: Uuid::now_v7(),
-            ..rec
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        ledger
-            .prune_requests(now - Duration::days(1))
-            .await
-            .unwrap(),
-        1
-    );
-    assert_eq!(ledger.owned_request("acme", old.id).await.unwrap(), None);
 }
 
 #[tokio::test]

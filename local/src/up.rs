@@ -267,8 +267,6 @@ pub async fn run(
             ..GatewayConfig::default()
         },
     );
-    // Request records (for reattaching) are kept a day; prune hourly.
-    let pruner = gateway.spawn_pruner(Duration::from_secs(3600));
     let status_state = Arc::new(StatusState {
         fleet: fleet_status,
         ledger: ledger.clone(),
@@ -372,7 +370,6 @@ pub async fn run(
         Ok(Err(e)) => tracing::error!(error = %e, "metering failed"),
         Err(e) => tracing::error!(error = %e, "metering task failed"),
     }
-    pruner.abort();
     ledger.close().await;
     Ok(())
 }

@@ -31,11 +31,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use crate::error::Result;
+use crate::error::{QueueError, Result};
 use crate::keys::DEFAULT_PREFIX;
 use crate::types::{
-    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, ResponseEvent, Resume, UsageDelivery,
-    UsageEvent, Withdrawal, WorkerHeartbeat,
+    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
+    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 
 /// Settings shared by both brokers.
@@ -59,6 +59,11 @@ impl Default for BrokerConfig {
             request_ttl: Duration::from_secs(24 * 3600),
         }
     }
+}
+
+/// The error of recording a request id twice.
+pub(crate) fn duplicate_request(id: Uuid) -> QueueError {
+    QueueError::Invalid(format!("request {id} is already recorded"))
 }
 
 /// The queue between gateway, workers, controller and billing.
@@ -138,6 +143,19 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// Deletes request `id`'s response stream (the reader has delivered it).
     async fn delete_responses(&self, id: Uuid) -> Result<()>;
+
+    // --- request records ---
+
+    /// Stores the record of a request the gateway accepted, until `request_ttl` passes or
+    /// [`Broker::forget_request`]. [`QueueError::Invalid`] when its id is already recorded.
+    async fn record_request(&self, record: &RequestRecord) -> Result<()>;
+
+    /// The record of request `id`, if it is still kept.
+    async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>>;
+
+    /// Forgets request `id`'s record (its answer was delivered, or it was stopped); whether
+    /// one was kept.
+    async fn forget_request(&self, id: Uuid) -> Result<bool>;
 
     // --- cancellation ---
 

@@ -73,6 +73,11 @@ impl Keys {
         format!("{}state:{id}", self.prefix)
     }
 
+    /// Record of one accepted request ([`crate::RequestRecord`] JSON).
+    pub fn request(&self, id: Uuid) -> String {
+        format!("{}req:{id}", self.prefix)
+    }
+
     /// Heartbeat hash of one model's workers.
     pub fn workers(&self, model: &str) -> String {
         format!("{}workers:{model}", self.prefix)
@@ -102,6 +107,7 @@ mod tests {
         assert_eq!(k.usage(), "tidal:usage");
         assert_eq!(k.cancel(id), format!("tidal:cancel:{id}"));
         assert_eq!(k.state(id), format!("tidal:state:{id}"));
+        assert_eq!(k.request(id), format!("tidal:req:{id}"));
         assert_eq!(k.workers("m"), "tidal:workers:m");
         assert_eq!(Keys::new("x:").usage(), "x:usage");
     }

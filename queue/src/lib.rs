@@ -7,7 +7,8 @@
 //! ownership) are documented on [`broker`].
 //!
 //! Keys beyond design.md's list (see [`Keys`]): `{prefix}resume:{model}`, the stream of
-//! re-enqueued jobs that claims serve first, and `{prefix}state:{id}`, a request's start gate.
+//! re-enqueued jobs that claims serve first, `{prefix}state:{id}`, a request's start gate, and
+//! `{prefix}req:{id}`, the gateway's [`RequestRecord`] of who owns the request (for reattaching).
 //! Response events carry their seq in every variant, `done` and `error` included.
 
 pub mod bench;

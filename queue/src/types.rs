@@ -295,6 +295,32 @@ pub enum Withdrawal {
     AlreadyStarted,
 }
 
+/// Who sent a request and how its answer is shaped: kept by the broker beside the job, from
+/// enqueue until the client has its answer (or `request_ttl` passes), so that any gateway
+/// replica can let the client reattach to the response stream and refuse other tenants.
+/// Transient per-request state lives with the queue, not in the ledger (which holds money):
+/// writing it costs the gateway one Redis command instead of a database commit per request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Request id (the job id, UUIDv7).
+    pub id: Uuid,
+    /// Tenant that owns it.
+    pub tenant: String,
+    /// Model it was sent to.
+    pub model: String,
+    /// Entry id of its job in the model's jobs stream.
+    pub entry_id: EntryId,
+    /// The shape of its response chunks as the gateway names it (`chat`, `completion`);
+    /// opaque to the broker.
+    pub endpoint: String,
+    /// Whether its stream ends with a usage chunk.
+    pub include_usage: bool,
+    /// After this instant (ms since the epoch) an unstarted job never runs (0: no deadline).
+    pub deadline_ms: u64,
+    /// When it was accepted (ms since the epoch).
+    pub created_at_ms: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,4 +48,5 @@ suite!(
     resumed_jobs_go_first,
     keep_alive_prevents_takeover,
     cancel_flags_in_one_call,
+    request_records,
 );

@@ -83,7 +83,6 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
             ..GatewayConfig::default()
         };
         let gateway = Gateway::new(broker, ledger.clone(), limiter, config);
-        let pruner = gateway.spawn_pruner(Duration::from_secs(600));
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("binding {}", args.listen))?;
@@ -98,7 +97,6 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
         );
         tokio::select! {
             r = &mut server => {
-                pruner.abort();
                 return r.context("server task")?.context("serving HTTP");
             }
             _ = terminated() => {}
@@ -114,7 +112,6 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
                 server.abort();
             }
         }
-        pruner.abort();
         ledger.close().await;
         anyhow::Ok(())
     })

@@ -1,19 +1,16 @@
-//! What the gateway keeps in the ledger besides keys and budgets: per-tenant rate limits, and
-//! the owner of every request id it accepted.
+//! What the gateway keeps in the ledger besides keys and budgets: per-tenant rate limits.
 //!
 //! Rate-limit *counters* are not here (they live in Redis, shared by gateway replicas, or in
 //! process for `tidal up`); only the configured limits are, next to the budget, so one
-//! database holds every tenant setting. Request ownership is here rather than in Redis so it
-//! survives a Redis restart as well as a gateway restart: a client that lost its connection
-//! reattaches to its response stream through any replica, and only its own tenant can.
+//! database holds every tenant setting. Which tenant owns a request id is not here either:
+//! that record (`RequestRecord` of the queue crate) lives in the broker beside the request's
+//! response stream, which is all a reattaching client can read, and writing it costs the
+//! gateway no database commit per request.
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
-use tidal_protocol::render::Endpoint;
-use uuid::Uuid;
 
-use super::{from_us, on_pool, to_us, Ledger};
+use super::{from_us, on_pool, Ledger};
 use crate::error::{Error, Result};
 use crate::ledger::Tenant;
 
@@ -54,31 +51,6 @@ pub struct TenantSettings {
     pub tenant: Tenant,
     /// Its rate limits.
     pub limits: RateLimits,
-}
-
-/// A request the gateway accepted and enqueued.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRecord {
-    /// Request id (the job id, UUIDv7).
-    pub id: Uuid,
-    /// Tenant that owns it.
-    pub tenant: String,
-    /// Model it was sent to.
-    pub model: String,
-    /// Entry id of its job in the model's jobs stream.
-    pub entry_id: String,
-    /// Endpoint, which decides the shape of its response chunks.
-    pub endpoint: Endpoint,
-    /// Whether its stream ends with a usage chunk.
-    pub include_usage: bool,
-    /// After this instant (ms since the epoch) an unstarted job never runs.
-    pub deadline_ms: u64,
-    /// When it was accepted.
-    pub created_at: DateTime<Utc>,
-}
-
-fn to_i64(what: &str, v: u64) -> Result<i64> {
-    i64::try_from(v).map_err(|_| Error::Invalid(format!("{what} {v} out of range")))
 }
 
 fn limit(v: Option<i64>) -> Option<u64> {
@@ -173,85 +145,6 @@ impl Ledger {
             })
             .collect()
         })
-    }
-
-    /// Records an accepted request (its id must be new).
-    pub async fn record_request(&self, r: &RequestRecord) -> Result<()> {
-        let deadline = to_i64("deadline", r.deadline_ms)?;
-        on_pool!(self, |pool, Db| {
-            sqlx::query(
-                "INSERT INTO gateway_requests (id, tenant_id, model_id, entry_id, endpoint, \
-                 include_usage, deadline_ms, created_us) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(r.id.to_string())
-            .bind(r.tenant.as_str())
-            .bind(r.model.as_str())
-            .bind(r.entry_id.as_str())
-            .bind(r.endpoint.as_str())
-            .bind(r.include_usage)
-            .bind(deadline)
-            .bind(to_us(r.created_at))
-            .execute(pool)
-            .await?;
-        });
-        Ok(())
-    }
-
-    /// Request `id` if `tenant` owns it; `None` for an unknown id and for another tenant's
-    /// (the two are indistinguishable to the caller on purpose).
-    pub async fn owned_request(&self, tenant: &str, id: Uuid) -> Result<Option<RequestRecord>> {
-        let row = on_pool!(self, |pool, Db| {
-            sqlx::query(
-                "SELECT tenant_id, model_id, entry_id, endpoint, include_usage, deadline_ms, \
-                 created_us FROM gateway_requests WHERE id = $1 AND tenant_id = $2",
-            )
-            .bind(id.to_string())
-            .bind(tenant)
-            .fetch_optional(pool)
-            .await?
-            .map(|row| -> Result<RequestRecord> {
-                let endpoint: String = row.try_get("endpoint")?;
-                let deadline: i64 = row.try_get("deadline_ms")?;
-                Ok(RequestRecord {
-                    id,
-                    tenant: row.try_get("tenant_id")?,
-                    model: row.try_get("model_id")?,
-                    entry_id: row.try_get("entry_id")?,
-                    endpoint: Endpoint::parse(&endpoint)
-                        .ok_or_else(|| Error::Corrupt(format!("endpoint {endpoint:?}")))?,
-                    include_usage: row.try_get("include_usage")?,
-                    deadline_ms: u64::try_from(deadline)
-                        .map_err(|_| Error::Corrupt(format!("deadline {deadline}")))?,
-                    created_at: from_us(row.try_get("created_us")?)?,
-                })
-            })
-            .transpose()?
-        });
-        Ok(row)
-    }
-
-    /// Forgets request `id` (delivered or cancelled); whether it was recorded.
-    pub async fn forget_request(&self, id: Uuid) -> Result<bool> {
-        let n = on_pool!(self, |pool, Db| {
-            sqlx::query("DELETE FROM gateway_requests WHERE id = $1")
-                .bind(id.to_string())
-                .execute(pool)
-                .await?
-                .rows_affected()
-        });
-        Ok(n > 0)
-    }
-
-    /// Forgets requests accepted before `before` (their response streams have expired);
-    /// returns how many.
-    pub async fn prune_requests(&self, before: DateTime<Utc>) -> Result<u64> {
-        Ok(on_pool!(self, |pool, Db| {
-            sqlx::query("DELETE FROM gateway_requests WHERE created_us < $1")
-                .bind(to_us(before))
-                .execute(pool)
-                .await?
-                .rows_affected()
-        }))
     }
 }
 

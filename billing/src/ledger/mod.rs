@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 
 pub use catalogue::FleetUsage;
 pub use ingest::IngestOutcome;
-pub use limits::{RateLimits, RequestRecord, TenantSettings};
+pub use limits::{RateLimits, TenantSettings};
 pub use reprice::RepriceOutcome;
 pub use tenants::{BudgetStatus, IssuedKey, KeyInfo, Tenant};
 

@@ -12,7 +12,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tidal_protocol::render::ResponseMeta;
+use tidal_protocol::render::{Endpoint, ResponseMeta};
 use tidal_protocol::ApiError;
 use uuid::Uuid;
 
@@ -69,11 +69,19 @@ pub(super) async fn events(
             ))
         };
         let id = Uuid::parse_str(&id).map_err(|_| not_found())?;
+        // Another tenant's request is indistinguishable from an unknown one.
         let rec = shared
-            .ledger
-            .owned_request(&principal.tenant, id)
+            .broker
+            .request(id)
             .await?
+            .filter(|r| r.tenant == principal.tenant)
             .ok_or_else(not_found)?;
+        let endpoint = Endpoint::parse(&rec.endpoint).ok_or_else(|| {
+            ApiError::internal(format!(
+                "request {id} has an unknown endpoint {:?}",
+                rec.endpoint
+            ))
+        })?;
         tracing::Span::current().record("tenant", principal.tenant.as_str());
         tracing::Span::current().record("model", rec.model.as_str());
         tracing::info!(request = %id, after, "client reattached");
@@ -87,9 +95,9 @@ pub(super) async fn events(
             after,
         );
         let meta = ResponseMeta::new(
-            rec.endpoint,
+            endpoint,
             &id.simple().to_string(),
-            rec.created_at.timestamp().max(0) as u64,
+            rec.created_at_ms / 1000,
             rec.model,
         );
         let mut resp = respond::stream(tracked, meta, rec.include_usage, after == 0).await?;

@@ -14,13 +14,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::broker::{is_stale, Broker, BrokerConfig};
+use crate::broker::{duplicate_request, is_stale, Broker, BrokerConfig};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{QueueError, Result};
 use crate::metrics::{self as m, count};
 use crate::types::{
-    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, ResponseEvent, Resume, UsageDelivery,
-    UsageEvent, Withdrawal, WorkerHeartbeat,
+    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
+    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use stream::{GroupStream, StreamId};
 
@@ -46,6 +46,8 @@ struct State {
     gates: HashMap<Uuid, (Gate, u64)>,
     cancels: HashMap<Uuid, u64>,
     responses: HashMap<Uuid, RespStream>,
+    /// Request records with their expiry.
+    requests: HashMap<Uuid, (RequestRecord, u64)>,
     usage: GroupStream<UsageEvent>,
     workers: HashMap<String, BTreeMap<String, WorkerHeartbeat>>,
     models: BTreeMap<String, ModelRecord>,
@@ -79,6 +81,7 @@ impl State {
         self.gates.retain(|_, (_, exp)| *exp > now);
         self.cancels.retain(|_, exp| *exp > now);
         self.responses.retain(|_, r| r.expires_at_ms > now);
+        self.requests.retain(|_, (_, exp)| *exp > now);
     }
 
     /// The start gate (module docs of [`crate::broker`]): whether the delivered entry may
@@ -433,6 +436,36 @@ impl Broker for MemoryBroker {
     async fn delete_responses(&self, id: Uuid) -> Result<()> {
         self.lock().responses.remove(&id);
         Ok(())
+    }
+
+    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
+        let now = self.now();
+        let exp = now + Self::ttl_ms(self.config.request_ttl);
+        let mut st = self.lock();
+        if st.requests.get(&record.id).is_some_and(|(_, e)| *e > now) {
+            return Err(duplicate_request(record.id));
+        }
+        st.requests.insert(record.id, (record.clone(), exp));
+        Ok(())
+    }
+
+    async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>> {
+        let now = self.now();
+        let st = self.lock();
+        Ok(st
+            .requests
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(r, _)| r.clone()))
+    }
+
+    async fn forget_request(&self, id: Uuid) -> Result<bool> {
+        let now = self.now();
+        Ok(self
+            .lock()
+            .requests
+            .remove(&id)
+            .is_some_and(|(_, exp)| exp > now))
     }
 
     async fn cancel(&self, id: Uuid) -> Result<()> {

@@ -15,13 +15,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, Cmd, Value};
 use uuid::Uuid;
 
-use crate::broker::{is_stale, Broker, BrokerConfig};
+use crate::broker::{duplicate_request, is_stale, Broker, BrokerConfig};
 use crate::error::{QueueError, Result};
 use crate::keys::{Keys, BILLING_GROUP, WORKERS_GROUP};
 use crate::metrics::{self as m, count};
 use crate::types::{
-    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, ResponseEvent, Resume, UsageDelivery,
-    UsageEvent, Withdrawal, WorkerHeartbeat,
+    ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
+    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use codec::{
     autoclaim_reply, int, items, job_fields, job_from_entry, json_field, read_reply, string, Entry,
@@ -553,6 +553,35 @@ impl Broker for RedisBroker {
         cmd.arg(self.keys.resp(id));
         self.query::<i64>(&cmd).await?;
         Ok(())
+    }
+
+    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.keys.request(record.id))
+            .arg(serde_json::to_string(record)?)
+            .arg("NX")
+            .arg("PX")
+            .arg(ms(self.config.request_ttl).max(1));
+        match self.query::<Option<String>>(&cmd).await? {
+            Some(_) => Ok(()),
+            None => Err(duplicate_request(record.id)),
+        }
+    }
+
+    async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(self.keys.request(id));
+        let v: Option<String> = self.query(&cmd).await?;
+        Ok(match v {
+            Some(s) => Some(serde_json::from_str(&s)?),
+            None => None,
+        })
+    }
+
+    async fn forget_request(&self, id: Uuid) -> Result<bool> {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(self.keys.request(id));
+        Ok(self.query::<i64>(&cmd).await? == 1)
     }
 
     async fn cancel(&self, id: Uuid) -> Result<()> {

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use tidal_queue::{
     Broker, CapacityType, ClaimedJob, FinishReason, Job, ModelRecord, ModelState, Prices,
-    QueueError, ResponseEvent, Resume, Usage, UsageEvent, Withdrawal, WorkerHeartbeat,
+    QueueError, RequestRecord, ResponseEvent, Resume, Usage, UsageEvent, Withdrawal,
+    WorkerHeartbeat,
 };
 use uuid::Uuid;
 
-use super::harness::{Harness, RESPONSE_TTL};
+use super::harness::{Harness, REQUEST_TTL, RESPONSE_TTL};
 
 const NO_WAIT: Duration = Duration::ZERO;
 const CLAIM_TIMEOUT: Duration = Duration::from_millis(300);
@@ -786,4 +787,41 @@ pub async fn cancel_flags_in_one_call(h: &dyn Harness) {
         b.cancelled(&[ids[3], ids[0]]).await.unwrap(),
         vec![true, false]
     );
+}
+
+/// A request record reads back whole until forgotten or expired; an id is recorded once.
+pub async fn request_records(h: &dyn Harness) {
+    let b = h.broker();
+    let rec = |id: Uuid| RequestRecord {
+        id,
+        tenant: "acme".into(),
+        model: model(),
+        entry_id: "1-0".into(),
+        endpoint: "chat".into(),
+        include_usage: true,
+        deadline_ms: h.now_ms() + 60_000,
+        created_at_ms: h.now_ms(),
+    };
+    let (kept, forgotten) = (rec(Uuid::now_v7()), rec(Uuid::now_v7()));
+    assert_eq!(b.request(kept.id).await.unwrap(), None);
+    b.record_request(&kept).await.unwrap();
+    b.record_request(&forgotten).await.unwrap();
+    assert_eq!(b.request(kept.id).await.unwrap(), Some(kept.clone()));
+    let again = b.record_request(&rec(kept.id)).await.unwrap_err();
+    assert!(matches!(again, QueueError::Invalid(_)), "{again:?}");
+    assert_eq!(
+        b.request(kept.id).await.unwrap(),
+        Some(kept.clone()),
+        "unchanged"
+    );
+
+    assert!(b.forget_request(forgotten.id).await.unwrap());
+    assert!(!b.forget_request(forgotten.id).await.unwrap());
+    assert_eq!(b.request(forgotten.id).await.unwrap(), None);
+    assert_eq!(b.request(kept.id).await.unwrap(), Some(kept.clone()));
+
+    h.advance(REQUEST_TTL + Duration::from_millis(100)).await;
+    assert_eq!(b.request(kept.id).await.unwrap(), None, "expired");
+    assert!(!b.forget_request(kept.id).await.unwrap());
+    b.record_request(&kept).await.unwrap();
 }

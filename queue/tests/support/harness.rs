@@ -23,12 +23,15 @@ pub trait Harness: Send + Sync {
 
 /// Response streams in the suite expire this long after their last event.
 pub const RESPONSE_TTL: Duration = Duration::from_millis(1500);
+/// Request records, gates and cancel flags in the suite expire after this (longer than any
+/// case's total advance of time).
+pub const REQUEST_TTL: Duration = Duration::from_secs(4);
 
 fn config(prefix: String) -> BrokerConfig {
     BrokerConfig {
         prefix,
         response_ttl: RESPONSE_TTL,
-        ..BrokerConfig::default()
+        request_ttl: REQUEST_TTL,
     }
 }
 

@@ -2,9 +2,10 @@
 //! (Q4_0, Q4_1, Q8_0), on the SmolLM2-135M shapes (k → n: attention q/o 576→576, FFN gate/up
 //! 576→1536, down 1536→576, and the Q8_0 LM head 576→49152), for decode (m = 1) and a batch
 //! of 16 rows (m = 16, as 16 concurrent decodes). Ours runs as `avx2` (row dot products at
-//! m = 1, the panel GEMM at m = 16), `avx2vnni` (the GEMM with AVX-VNNI, where the CPU has it)
-//! and `avx2rows` (row dot products at every m, the batched path before the GEMM). One run holds every figure, so ratios are comparable on a noisy
-//! machine.
+//! m = 1, the panel GEMM at m = 16), `avx2vnni` (the GEMM with AVX-VNNI, where the CPU has it),
+//! `avx512vnni` (the 16-row GEMM with AVX-512 VNNI, where the CPU has it) and `avx2rows` (row
+//! dot products at every m, the batched path before the GEMM). One run holds every figure, so
+//! ratios are comparable on a noisy machine.
 
 use candle_core::quantized::k_quants::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -78,7 +79,12 @@ fn bench(c: &mut Criterion) {
                 let kernels: &[DotKernel] = if m == 1 {
                     &[DotKernel::Avx2]
                 } else {
-                    &[DotKernel::Avx2Vnni, DotKernel::Avx2, DotKernel::Avx2Rows]
+                    &[
+                        DotKernel::Avx512Vnni,
+                        DotKernel::Avx2Vnni,
+                        DotKernel::Avx2,
+                        DotKernel::Avx2Rows,
+                    ]
                 };
                 for &kernel in kernels.iter().filter(|k| k.is_supported()) {
                     let name = format!("tidal_{kernel:?}").to_lowercase();
@@ -102,7 +108,9 @@ fn bench(c: &mut Criterion) {
 
 /// The weight matmuls of one SmolLM2-135M decode step in each format: 30 layers of q, k, v,
 /// o, gate, up, down (66 MB of weights in Q4_1, more than the L3 cache, so they stream from
-/// DRAM as in the real model). The LM head and attention are not included.
+/// DRAM as in the real model). The LM head and attention are not included. m = 1 runs the
+/// detected kernel; m = 16 each VNNI GEMM this CPU has (`/avx512vnni`, `/avx2vnni`), else the
+/// detected one.
 fn decode_step(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(3);
@@ -115,7 +123,6 @@ fn decode_step(c: &mut Criterion) {
         (576, 1536),
         (1536, 576),
     ];
-    let kernel = DotKernel::detect();
     for ty in QuantType::ALL {
         let layers: Vec<Vec<Vec<u8>>> = (0..30)
             .map(|_| {
@@ -128,19 +135,28 @@ fn decode_step(c: &mut Criterion) {
         for m in [1usize, 16] {
             let x: Vec<f32> = (0..m * 1536).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * 1536];
-            let name = format!("{ty:?}_step_30_layers_m{m}").to_lowercase();
-            c.bench_function(&name, |b| {
-                b.iter_custom(|iters| {
-                    in_pool(&pool, iters, || {
-                        for layer in &layers {
-                            for (w, &(k, n)) in layer.iter().zip(&shapes) {
-                                let x = black_box(&x[..m * k]);
-                                matmul_with(kernel, ty, x, w, m, k, n, &mut out[..m * n]);
+            let mut kernels: Vec<DotKernel> = [DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
+                .into_iter()
+                .filter(|k| k.is_supported())
+                .collect();
+            if m == 1 || kernels.is_empty() {
+                kernels = vec![DotKernel::detect()];
+            }
+            for kernel in kernels {
+                let name = format!("{ty:?}_step_30_layers_m{m}/{kernel:?}").to_lowercase();
+                c.bench_function(&name, |b| {
+                    b.iter_custom(|iters| {
+                        in_pool(&pool, iters, || {
+                            for layer in &layers {
+                                for (w, &(k, n)) in layer.iter().zip(&shapes) {
+                                    let x = black_box(&x[..m * k]);
+                                    matmul_with(kernel, ty, x, w, m, k, n, &mut out[..m * n]);
+                                }
                             }
-                        }
+                        })
                     })
-                })
-            });
+                });
+            }
         }
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tidal_kernels::DotKernel;
 use tidal_runtime::engine::{Device, EngineConfig};
 use tidal_runtime::load::{load_model, Loaded};
 use tidal_runtime::model::{KvDtype, QuantizeTo};
@@ -42,6 +43,30 @@ pub struct EngineArgs {
     /// Where the model runs: cpu, cuda or cuda:N (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", env = "TIDAL_DEVICE")]
     pub device: Device,
+    /// CPU matmul kernel: auto (the fastest this CPU has), avx512-vnni, avx2-vnni, avx2,
+    /// avx2-rows or portable; to compare kernels on one machine.
+    #[arg(long, default_value = "auto", env = "TIDAL_CPU_KERNEL", value_parser = parse_cpu_kernel)]
+    pub cpu_kernel: CpuKernel,
+}
+
+/// `--cpu-kernel`: a named kernel, or `None` for `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuKernel(pub Option<DotKernel>);
+
+/// Parses `--cpu-kernel`.
+fn parse_cpu_kernel(s: &str) -> Result<CpuKernel, String> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        return Ok(CpuKernel(None));
+    }
+    DotKernel::from_name(s)
+        .map(|k| CpuKernel(Some(k)))
+        .ok_or_else(|| {
+            let names: Vec<&str> = DotKernel::NAMED.iter().map(|(n, _)| *n).collect();
+            format!(
+                "unknown CPU kernel {s:?}; one of auto, {}",
+                names.join(", ")
+            )
+        })
 }
 
 impl EngineArgs {
@@ -61,6 +86,13 @@ impl EngineArgs {
 
     /// Maps the model, builds tokenizer and template, and starts the engine.
     pub fn load(&self) -> anyhow::Result<Loaded> {
+        if let CpuKernel(Some(kernel)) = self.cpu_kernel {
+            kernel.select().map_err(anyhow::Error::msg)?;
+        }
+        tracing::info!(
+            cpu_kernel = DotKernel::selected().name(),
+            "CPU matmul kernel"
+        );
         load_model(&self.model, self.engine_config(), self.quantize)
             .with_context(|| format!("loading {}", self.model.display()))
     }
@@ -115,8 +147,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_bytes, parse_duration};
-    use std::time::Duration;
+    use super::*;
 
     #[test]
     fn durations() {
@@ -127,6 +158,38 @@ mod tests {
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 weeks").is_err());
+    }
+
+    #[test]
+    fn cpu_kernels() {
+        assert_eq!(parse_cpu_kernel("auto"), Ok(CpuKernel(None)));
+        assert_eq!(
+            parse_cpu_kernel("AVX2-VNNI"),
+            Ok(CpuKernel(Some(DotKernel::Avx2Vnni)))
+        );
+        for (name, k) in DotKernel::NAMED {
+            assert_eq!(parse_cpu_kernel(name), Ok(CpuKernel(Some(k))));
+        }
+        let e = parse_cpu_kernel("sse9").unwrap_err();
+        assert!(e.contains("avx512-vnni") && e.contains("auto"), "{e}");
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn flags_parse_through_clap() {
+        use clap::Parser;
+        let parse =
+            |args: &[&str]| Cli::try_parse_from([&["tidal", "--model", "m.gguf"], args].concat());
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.engine.cpu_kernel, CpuKernel(None));
+        let cli = parse(&["--cpu-kernel", "avx2"]).unwrap();
+        assert_eq!(cli.engine.cpu_kernel, CpuKernel(Some(DotKernel::Avx2)));
+        assert!(parse(&["--cpu-kernel", "sse9"]).is_err());
     }
 
     #[test]

@@ -3,8 +3,13 @@
 //! `acc = fma(Σ q·q8, d·d8, acc)` then `acc = fma(m, s8, acc)`, after ggml's
 //! `ggml_vec_dot_q4_0_q8_0`, `_q4_1_q8_1` and `_q8_0_q8_0`.
 
+use std::sync::OnceLock;
+
 use super::format::{Format, CHAINS};
 use super::q8_1::BlockQ8_1;
+
+/// The kernel [`DotKernel::select`] fixed for this process.
+static SELECTED: OnceLock<DotKernel> = OnceLock::new();
 
 /// Which implementation a matmul runs (chosen at run time, see [`DotKernel::detect`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,36 +25,123 @@ pub enum DotKernel {
     Avx2Vnni,
     /// The AVX2 row path for every batch size (no panel GEMM, to measure what it brings).
     Avx2Rows,
+    /// AVX-512 VNNI: the 16-row panel GEMM with 512-bit `vpdpbusd` (`gemm_avx512`) for
+    /// batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more, the AVX2 row path below
+    /// (with AVX-VNNI where the CPU has it).
+    Avx512Vnni,
 }
 
 impl DotKernel {
+    /// Every kernel with its name (as `--cpu-kernel` spells it).
+    pub const NAMED: [(&'static str, DotKernel); 5] = [
+        ("avx512-vnni", DotKernel::Avx512Vnni),
+        ("avx2-vnni", DotKernel::Avx2Vnni),
+        ("avx2", DotKernel::Avx2),
+        ("avx2-rows", DotKernel::Avx2Rows),
+        ("portable", DotKernel::Portable),
+    ];
+
+    /// The kernel called `name` (see [`DotKernel::NAMED`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::NAMED
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.trim()))
+            .map(|(_, k)| *k)
+    }
+
+    /// This kernel's name.
+    pub fn name(self) -> &'static str {
+        Self::NAMED
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map_or("portable", |(n, _)| n)
+    }
+
+    /// Makes `self` the kernel of every later [`DotKernel::selected`] in this process (to
+    /// compare kernels on one machine, or to rule one out). Fails when the CPU lacks it, or
+    /// when another kernel was selected before.
+    pub fn select(self) -> Result<(), String> {
+        if !self.is_supported() {
+            return Err(format!(
+                "CPU kernel `{}` needs instructions this CPU lacks (best here: `{}`)",
+                self.name(),
+                DotKernel::detect().name()
+            ));
+        }
+        match *SELECTED.get_or_init(|| self) {
+            k if k == self => Ok(()),
+            k => Err(format!("CPU kernel `{}` was selected already", k.name())),
+        }
+    }
+
+    /// The kernel fixed by [`DotKernel::select`], else the fastest one (see [`DotKernel::detect`]).
+    pub fn selected() -> Self {
+        SELECTED.get().copied().unwrap_or_else(DotKernel::detect)
+    }
+
     /// The fastest kernel this CPU supports (checked at run time).
     pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                if is_x86_feature_detected!("avxvnni") {
-                    return DotKernel::Avx2Vnni;
-                }
-                return DotKernel::Avx2;
-            }
-        }
-        DotKernel::Portable
+        [DotKernel::Avx512Vnni, DotKernel::Avx2Vnni, DotKernel::Avx2]
+            .into_iter()
+            .find(|k| k.is_supported())
+            .unwrap_or(DotKernel::Portable)
     }
 
     /// Whether this kernel can run on this CPU.
     pub fn is_supported(self) -> bool {
-        let best = DotKernel::detect();
         match self {
             DotKernel::Portable => true,
-            DotKernel::Avx2 | DotKernel::Avx2Rows => {
-                matches!(best, DotKernel::Avx2 | DotKernel::Avx2Vnni)
-            }
-            DotKernel::Avx2Vnni => best == DotKernel::Avx2Vnni,
+            DotKernel::Avx2 | DotKernel::Avx2Rows => cpu::avx2(),
+            DotKernel::Avx2Vnni => cpu::avx2() && cpu::avx_vnni(),
+            DotKernel::Avx512Vnni => cpu::avx2() && cpu::avx512_vnni(),
         }
+    }
+
+    /// Whether this kernel's row path (small batches) uses AVX-VNNI.
+    pub(crate) fn rows_use_vnni(self) -> bool {
+        match self {
+            DotKernel::Avx2Vnni => true,
+            DotKernel::Avx512Vnni => cpu::avx_vnni(),
+            DotKernel::Portable | DotKernel::Avx2 | DotKernel::Avx2Rows => false,
+        }
+    }
+}
+
+/// The CPU features the kernels need, detected at run time (false off x86-64).
+mod cpu {
+    /// AVX2, FMA and F16C.
+    pub(super) fn avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// AVX-VNNI (the 256-bit VEX `vpdpbusd`).
+    pub(super) fn avx_vnni() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avxvnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// AVX-512 F, BW, VL and VNNI.
+    pub(super) fn avx512_vnni() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
     }
 }
 
@@ -122,6 +214,7 @@ pub(crate) mod tests {
             DotKernel::Avx2,
             DotKernel::Avx2Vnni,
             DotKernel::Avx2Rows,
+            DotKernel::Avx512Vnni,
         ]
         .into_iter()
         .filter(|k| k.is_supported())
@@ -180,6 +273,32 @@ pub(crate) mod tests {
     #[test]
     fn detect_returns_a_supported_kernel() {
         assert!(DotKernel::detect().is_supported());
+    }
+
+    #[test]
+    fn names_round_trip_and_selection_is_fixed_once() {
+        for (name, k) in DotKernel::NAMED {
+            assert_eq!(DotKernel::from_name(name), Some(k));
+            assert_eq!(k.name(), name);
+        }
+        assert_eq!(DotKernel::from_name("nope"), None);
+        // The process-wide choice (other tests in this binary see the same kernel either way).
+        let best = DotKernel::detect();
+        best.select().unwrap();
+        best.select().unwrap();
+        assert_eq!(DotKernel::selected(), best);
+        if best != DotKernel::Portable {
+            let e = DotKernel::Portable.select().unwrap_err();
+            assert!(e.contains(best.name()), "{e}");
+        }
+        if let Some(missing) = DotKernel::NAMED
+            .iter()
+            .map(|(_, k)| *k)
+            .find(|k| !k.is_supported())
+        {
+            let e = missing.select().unwrap_err();
+            assert!(e.contains("lacks"), "{e}");
+        }
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! batches; one row at a time streams the weights sequentially), or, for [`PANEL_MIN_ROWS`]
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
-//! 16 activation rows. Every path computes each output with the same operations in the same
+//! 16 activation rows; with AVX-512 VNNI the panels hold 16 rows, one per 512-bit register
+//! (`gemm_avx512`). Every path computes each output with the same operations in the same
 //! order ([`super::format`]), so a row's result does not depend on the batch it is in.
 
 use std::sync::OnceLock;
@@ -20,6 +21,7 @@ use rayon::prelude::*;
 use super::dot::{dot_portable, DotKernel};
 use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
 use super::panel::{build_panels, PanelBlock};
+use super::panel16::{build_panels16, Panel16Block};
 use super::q4_1::QK;
 use super::q8_1::{quantize_q8_1, BlockQ8_1};
 
@@ -46,6 +48,8 @@ pub struct QuantizedActivations {
     d: Vec<f32>,
     s: Vec<f32>,
     panels: OnceLock<Vec<PanelBlock>>,
+    /// The same as 16-row panels, for the AVX-512 GEMM.
+    panels16: OnceLock<Vec<Panel16Block>>,
 }
 
 /// One activation row as the kernels read it.
@@ -85,6 +89,7 @@ impl QuantizedActivations {
             s: blocks.iter().map(|b| b.s).collect(),
             blocks,
             panels: OnceLock::new(),
+            panels16: OnceLock::new(),
         }
     }
 
@@ -111,15 +116,20 @@ impl QuantizedActivations {
         self.panels
             .get_or_init(|| build_panels(&self.blocks, self.m, self.k / QK))
     }
+
+    fn panels16(&self) -> &[Panel16Block] {
+        self.panels16
+            .get_or_init(|| build_panels16(&self.blocks, self.m, self.k / QK))
+    }
 }
 
 /// Quantised matmul: x `[m, k]` f32, w = raw GGUF bytes of `n` rows of `k` values of type
-/// `ty`, out `[m, n]`. Uses the fastest kernel of this CPU.
+/// `ty`, out `[m, n]`. Uses [`DotKernel::selected`] (by default the fastest of this CPU).
 ///
 /// # Panics
 /// If `k` is not a multiple of 32 or a slice length does not match the shape.
 pub fn matmul(ty: QuantType, x: &[f32], w: &[u8], m: usize, k: usize, n: usize, out: &mut [f32]) {
-    matmul_with(DotKernel::detect(), ty, x, w, m, k, n, out);
+    matmul_with(DotKernel::selected(), ty, x, w, m, k, n, out);
 }
 
 /// [`matmul`] with a chosen kernel (for tests and benchmarks).
@@ -198,13 +208,12 @@ fn run<F: Format>(
         n.div_ceil(threads * 4).max(16)
     };
     let rows: Vec<XRow<'_>> = (0..m).map(|i| xq.row(i)).collect();
-    let simd = matches!(
-        kernel,
-        DotKernel::Avx2 | DotKernel::Avx2Vnni | DotKernel::Avx2Rows
-    );
-    let vnni = kernel == DotKernel::Avx2Vnni;
+    let simd = kernel != DotKernel::Portable;
+    let vnni = kernel.rows_use_vnni();
+    let batched = m >= PANEL_MIN_ROWS;
+    let panels16 = (kernel == DotKernel::Avx512Vnni && batched).then(|| xq.panels16());
     let panels =
-        (simd && kernel != DotKernel::Avx2Rows && m >= PANEL_MIN_ROWS).then(|| xq.panels());
+        (matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni) && batched).then(|| xq.panels());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -215,9 +224,14 @@ fn run<F: Format>(
         let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, cols) };
         #[cfg(target_arch = "x86_64")]
         if simd {
-            // SAFETY: the AVX2 kernels' support was asserted (and AVX-VNNI's for `vnni`);
-            // shapes follow from the asserts above; panels are built from `xq`.
+            // SAFETY: the kernel's support was asserted (AVX2 for all of them, AVX-512 VNNI
+            // for `panels16`, AVX-VNNI for `vnni`); shapes follow from the asserts above;
+            // panels are built from `xq`.
             unsafe {
+                if let Some(p) = panels16 {
+                    super::gemm_avx512::gemm::<F>(wr, cols, nb, p, m, &mut o);
+                    return;
+                }
                 match (panels, vnni) {
                     (Some(p), true) => super::gemm_avx2::gemm_vnni::<F>(wr, cols, nb, p, m, &mut o),
                     (Some(p), false) => super::gemm_avx2::gemm::<F>(wr, cols, nb, p, m, &mut o),
@@ -227,7 +241,7 @@ fn run<F: Format>(
             }
             return;
         }
-        let _ = (simd, vnni, panels);
+        let _ = (simd, vnni, panels, panels16);
         for i0 in (0..m).step_by(M_TILE) {
             for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
                 for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
@@ -326,6 +340,12 @@ mod tests {
             (6, 64, 9),
             (7, 96, 3),
             (9, 32, 17),
+            (16, 96, 5),
+            (17, 160, 5),
+            (33, 224, 19),
+            // k large enough for one 16-row panel per AVX-512 tile, 49 blocks (a tail of one).
+            (33, 1568, 5),
+            (48, 32, 6),
             (65, 64, 7),
             (130, 96, 33),
         ];

@@ -8,8 +8,11 @@ mod dot_avx2;
 pub mod format;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx2;
+#[cfg(target_arch = "x86_64")]
+mod gemm_avx512;
 pub mod matmul;
 mod panel;
+mod panel16;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8_0;

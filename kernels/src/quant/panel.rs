@@ -34,67 +34,100 @@ impl Default for PanelBlock {
     }
 }
 
-/// Interleaves `m` rows of `nb` Q8_1 blocks into `m.div_ceil(8)` panels of `nb` blocks
+/// A block of interleaved activation rows, as a panel layout fills it (8-row panels here,
+/// 16-row ones in [`super::panel16`]).
+pub(crate) trait PanelLayout: Default + Clone {
+    /// Activation rows per panel.
+    const ROWS: usize;
+    /// Writes activation block `xb` as row `l` of this panel block.
+    fn set_row(&mut self, l: usize, xb: &BlockQ8_1);
+}
+
+impl PanelLayout for PanelBlock {
+    const ROWS: usize = PANEL_ROWS;
+    fn set_row(&mut self, l: usize, xb: &BlockQ8_1) {
+        for s in 0..QK / 4 {
+            self.qs[s][4 * l..4 * l + 4].copy_from_slice(&xb.qs[4 * s..4 * s + 4]);
+        }
+        self.d[l] = xb.d;
+        self.s[l] = xb.s;
+    }
+}
+
+/// Interleaves `m` rows of `nb` Q8_1 blocks into `m.div_ceil(P::ROWS)` panels of `nb` blocks
 /// (panel-major: panel `p`, block `b` at `p * nb + b`). Rows past `m` in the last panel are
-/// zero (`d = s = 0`), so they add nothing and their lanes are never stored.
+/// left at `P::default()` (all zero), so they add nothing and their lanes are never stored.
 ///
 /// # Panics
 /// If `xq` is not `m` rows of `nb` blocks.
-pub(crate) fn build_panels(xq: &[BlockQ8_1], m: usize, nb: usize) -> Vec<PanelBlock> {
-    assert_eq!(
-        xq.len(),
-        m * nb,
-        "build_panels: xq is not m rows of nb blocks"
-    );
-    let panels = m.div_ceil(PANEL_ROWS);
-    let mut out = vec![PanelBlock::default(); panels * nb];
+pub(crate) fn build<P: PanelLayout>(xq: &[BlockQ8_1], m: usize, nb: usize) -> Vec<P> {
+    assert_eq!(xq.len(), m * nb, "panels: xq is not m rows of nb blocks");
+    let panels = m.div_ceil(P::ROWS);
+    let mut out = vec![P::default(); panels * nb];
     for (p, panel) in out.chunks_exact_mut(nb.max(1)).enumerate().take(panels) {
-        for l in 0..PANEL_ROWS.min(m - p * PANEL_ROWS) {
-            let row = &xq[(p * PANEL_ROWS + l) * nb..(p * PANEL_ROWS + l + 1) * nb];
+        for l in 0..P::ROWS.min(m - p * P::ROWS) {
+            let row = &xq[(p * P::ROWS + l) * nb..(p * P::ROWS + l + 1) * nb];
             for (pb, xb) in panel.iter_mut().zip(row) {
-                for s in 0..QK / 4 {
-                    pb.qs[s][4 * l..4 * l + 4].copy_from_slice(&xb.qs[4 * s..4 * s + 4]);
-                }
-                pb.d[l] = xb.d;
-                pb.s[l] = xb.s;
+                pb.set_row(l, xb);
             }
         }
     }
     out
 }
 
+/// The 8-row panels of `m` rows of `nb` blocks (see [`build`]).
+pub(crate) fn build_panels(xq: &[BlockQ8_1], m: usize, nb: usize) -> Vec<PanelBlock> {
+    build(xq, m, nb)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn interleaves_four_bytes_per_row_and_zero_pads() {
-        let (m, nb) = (10, 2);
-        let xq: Vec<BlockQ8_1> = (0..m * nb)
+    /// `m` rows of `nb` blocks whose every value tells where it came from.
+    pub(crate) fn numbered_rows(m: usize, nb: usize) -> Vec<BlockQ8_1> {
+        (0..m * nb)
             .map(|i| BlockQ8_1 {
                 d: i as f32,
                 s: -(i as f32),
                 qs: std::array::from_fn(|j| (i * 3 + j) as i8),
             })
-            .collect();
-        let p = build_panels(&xq, m, nb);
-        assert_eq!(p.len(), 2 * nb);
-        for row in 0..16 {
+            .collect()
+    }
+
+    /// Checks that `panels` interleave `xq` (`m` rows of `nb` blocks) four bytes per row and
+    /// zero the rows past `m`, reading row `l` of a block back through `row`.
+    pub(crate) fn check_interleaving<P: PanelLayout>(
+        panels: &[P],
+        xq: &[BlockQ8_1],
+        m: usize,
+        nb: usize,
+        row: impl Fn(&P, usize) -> ([i8; QK], f32, f32),
+    ) {
+        assert_eq!(panels.len(), m.div_ceil(P::ROWS) * nb);
+        for r in 0..m.div_ceil(P::ROWS) * P::ROWS {
             for b in 0..nb {
-                let pb = &p[(row / 8) * nb + b];
-                let l = row % 8;
-                for v in 0..QK {
-                    let got = pb.qs[v / 4][4 * l + v % 4];
-                    let want = if row < m { xq[row * nb + b].qs[v] } else { 0 };
-                    assert_eq!(got, want, "row {row} block {b} value {v}");
-                }
-                let (d, s) = if row < m {
-                    (xq[row * nb + b].d, xq[row * nb + b].s)
-                } else {
-                    (0.0, 0.0)
+                let got = row(&panels[(r / P::ROWS) * nb + b], r % P::ROWS);
+                let want = match xq.get(r * nb + b).filter(|_| r < m) {
+                    Some(x) => (x.qs, x.d, x.s),
+                    None => ([0; QK], 0.0, 0.0),
                 };
-                assert_eq!((pb.d[l], pb.s[l]), (d, s));
+                assert_eq!(got, want, "row {r} block {b}");
             }
         }
+    }
+
+    #[test]
+    fn interleaves_four_bytes_per_row_and_zero_pads() {
+        let (m, nb) = (10, 2);
+        let xq = numbered_rows(m, nb);
+        let p = build_panels(&xq, m, nb);
+        check_interleaving(&p, &xq, m, nb, |pb: &PanelBlock, l| {
+            (
+                std::array::from_fn(|v| pb.qs[v / 4][4 * l + v % 4]),
+                pb.d[l],
+                pb.s[l],
+            )
+        });
     }
 }

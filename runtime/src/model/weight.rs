@@ -100,7 +100,7 @@ impl<'a> Activations<'a> {
         Self {
             x,
             m,
-            kernel: DotKernel::detect(),
+            kernel: DotKernel::selected(),
             quantized: OnceCell::new(),
         }
     }

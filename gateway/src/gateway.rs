@@ -2,13 +2,13 @@
 //! limiter, so `tidal gateway` (Redis, Postgres) and `tidal up` (in process, SQLite) differ
 //! only in what they pass in.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::Router;
 use tidal_billing::ledger::RateLimits;
 use tidal_billing::{Ledger, Principal};
 use tidal_queue::{Broker, ModelRecord};
+use tokio::sync::watch;
 
 use crate::cache::TtlCache;
 use crate::config::GatewayConfig;
@@ -35,8 +35,9 @@ pub(crate) struct Shared {
     /// Model records by id (only models that exist: an unknown one is asked for each time).
     pub models: TtlCache<String, ModelRecord>,
     /// Set when the process is stopping: requests still in flight are left running (their
-    /// clients reattach through another replica) instead of being cancelled.
-    pub detached: AtomicBool,
+    /// clients reattach through another replica) instead of being cancelled, and those still
+    /// waiting for their first event are answered at once with their request id.
+    pub detached: watch::Sender<bool>,
 }
 
 impl Shared {
@@ -75,7 +76,14 @@ impl Shared {
 
     /// Whether in-flight requests should be left running when their client goes away.
     pub fn is_detached(&self) -> bool {
-        self.detached.load(Ordering::SeqCst)
+        *self.detached.borrow()
+    }
+
+    /// Resolves when the process starts stopping ([`Gateway::detach_in_flight`]).
+    pub async fn detaching(&self) {
+        let mut rx = self.detached.subscribe();
+        // The sender lives as long as `self`: an error cannot happen while we are borrowed.
+        let _ = rx.wait_for(|d| *d).await;
     }
 }
 
@@ -112,7 +120,7 @@ impl Gateway {
                 keys: TtlCache::new(ttl),
                 policies: TtlCache::new(ttl),
                 models: TtlCache::new(ttl),
-                detached: AtomicBool::new(false),
+                detached: watch::Sender::new(false),
             }),
         }
     }
@@ -131,8 +139,10 @@ impl Gateway {
 
     /// Call when the process is about to stop: from now on, a request whose connection is
     /// dropped is left running instead of cancelled, so its client can reattach
-    /// (`GET /v1/requests/{id}/events`) through another replica or after the restart.
+    /// (`GET /v1/requests/{id}/events`) through another replica or after the restart. A
+    /// request still waiting for its first event (queued: its client has no byte yet, not
+    /// even its id) is answered at once, with its id: see [`crate::respond`].
     pub fn detach_in_flight(&self) {
-        self.shared.detached.store(true, Ordering::SeqCst);
+        self.shared.detached.send_replace(true);
     }
 }

@@ -178,6 +178,17 @@ impl Tracked {
         }
     }
 
+    /// [`Tracked::next`], or `None` when the gateway starts stopping first: the request is
+    /// then left running for its client to reattach to (nothing is cancelled while stopping).
+    pub async fn next_unless_detached(&mut self) -> Result<Option<ResponseEvent>, Reject> {
+        let shared = self.shared.clone();
+        tokio::select! {
+            biased;
+            ev = self.next() => ev.map(Some),
+            () = shared.detaching() => Ok(None),
+        }
+    }
+
     fn mark_started(&mut self) {
         if self.phase == Phase::Queued {
             self.phase = Phase::Started;

@@ -6,6 +6,13 @@
 //! worker (an `error` event first) or withdrawn after its max queue wait still gets a proper
 //! HTTP status. After that, an `error` event becomes an error chunk (OpenAI's
 //! `{"error": {...}}`) followed by `[DONE]`.
+//!
+//! One exception: when the gateway starts stopping while a request still waits for its first
+//! event (queued, perhaps for a cold start), its client has received nothing, not even its
+//! request id, and would lose a job that goes on running. Such a request is answered at once
+//! ([`detached_answer`]) with its `x-request-id` and code `gateway_restarting`: a stream gets
+//! that error as its only chunk (no `id:`, no `[DONE]`), a plain request a 503 with
+//! `Retry-After`; either client reattaches with `GET /v1/requests/{id}/events` from the start.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -68,11 +75,39 @@ async fn count_tokens(tracked: &Tracked, u: &tidal_queue::Usage) {
     }
 }
 
+/// The answer to a request that still waits for its first event when the gateway starts
+/// stopping (see the module docs); the request keeps running.
+fn detached_answer(tracked: &Tracked, stream: bool) -> Result<Response, Reject> {
+    let error = ApiError::new(
+        503,
+        Some("gateway_restarting".into()),
+        None,
+        format!(
+            "This gateway is restarting before your request started; it was not cancelled. Read its result from any gateway with GET /v1/requests/{}/events.",
+            tracked.id
+        ),
+    );
+    tracing::info!("gateway stopping; queued request answered with its id for reattachment");
+    if !stream {
+        return Err(Reject::retry(error, 1));
+    }
+    let only = stream::iter([Ok::<_, Infallible>(data(&error.body()))]);
+    Ok(Sse::new(only).into_response())
+}
+
 /// Reads the whole response and answers with one JSON body.
 pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<Response, Reject> {
     let mut text = String::new();
+    let Some(first) = tracked.next_unless_detached().await? else {
+        return detached_answer(&tracked, false);
+    };
+    let mut next = Some(first);
     loop {
-        match tracked.next().await? {
+        let ev = match next.take() {
+            Some(ev) => ev,
+            None => tracked.next().await?,
+        };
+        match ev {
             ResponseEvent::Delta { text: t, .. } => text.push_str(&t),
             ResponseEvent::Done {
                 finish_reason,
@@ -157,7 +192,9 @@ pub(crate) async fn stream(
     include_usage: bool,
     role_chunk: bool,
 ) -> Result<Response, Reject> {
-    let first = tracked.next().await?;
+    let Some(first) = tracked.next_unless_detached().await? else {
+        return detached_answer(&tracked, true);
+    };
     if let ResponseEvent::Error {
         status,
         code,

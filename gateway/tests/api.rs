@@ -777,6 +777,78 @@ async fn queued_client_disconnect_withdraws_the_job() {
 }
 
 #[tokio::test]
+async fn queued_requests_get_their_id_when_the_gateway_stops() {
+    let h = Harness::start().await;
+    h.put_model("cold", 60_000, 0).await;
+    let body = |stream: bool| {
+        json!({"model": "cold", "messages": [{"role": "user", "content": "still here"}], "stream": stream})
+            .to_string()
+    };
+    let (plain, streamed) = (body(false), body(true));
+    let detach = async {
+        let b = h.broker.clone();
+        eventually("both jobs queued", || {
+            let b = b.clone();
+            async move { b.depth("cold").await.unwrap().backlog == 2 }
+        })
+        .await;
+        h.gateway.detach_in_flight();
+    };
+    let (plain, streamed, ()) = tokio::join!(
+        h.post("/v1/chat/completions", Some(&h.key), &plain),
+        h.post("/v1/chat/completions", Some(&h.key), &streamed),
+        detach
+    );
+    // The plain request: 503 + Retry-After with its id; the stream: its id and one error chunk.
+    let plain_id = request_id(&plain);
+    assert!(plain.headers().get("retry-after").is_some());
+    let e = error(plain, 503).await;
+    assert_eq!(e["error"]["code"], "gateway_restarting");
+    let msg = e["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&format!("/v1/requests/{plain_id}/events")),
+        "{msg}"
+    );
+    assert_eq!(streamed.status(), 200);
+    let stream_id = request_id(&streamed);
+    let events = parse_sse(&streamed.text().await.unwrap());
+    assert_eq!(events.len(), 1, "one error chunk, no [DONE]: {events:?}");
+    assert_eq!(events[0].id, None, "a reattach starts from the beginning");
+    let chunk: Value = serde_json::from_str(&events[0].data).unwrap();
+    assert_eq!(chunk["error"]["code"], "gateway_restarting");
+    // Neither job was withdrawn or cancelled.
+    assert_eq!(h.broker.depth("cold").await.unwrap().backlog, 2);
+    for id in [plain_id, stream_id] {
+        assert!(!h.broker.is_cancelled(id).await.unwrap());
+    }
+    // A worker comes; both clients read their whole answers through a new gateway.
+    let w = h.worker("cold", 0);
+    let g2 = tidal_gateway::Gateway::new(
+        h.broker.clone(),
+        h.ledger.clone(),
+        h.limiter.clone(),
+        config(),
+    );
+    let (base2, server2) = serve(&g2).await;
+    for id in [plain_id, stream_id] {
+        let r = h
+            .http
+            .get(format!("{base2}/v1/requests/{id}/events"))
+            .bearer_auth(&h.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let events = parse_sse(&r.text().await.unwrap());
+        assert_eq!(chunk_text(&events), "still here");
+        assert_eq!(events.last().unwrap().data, "[DONE]");
+    }
+    server2.abort();
+    w.stop().await;
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn reattach_after_a_gateway_restart() {
     let h = Harness::start().await;
     let w = h.worker(MODEL, 60);

@@ -148,6 +148,8 @@ impl SeqState {
             }
         }
         self.splice = TextSplice::new(&replayed, from.text_len);
+        // The next token is token `generated.len()` of the request, wherever it runs.
+        self.sampler.continue_at(self.generated.len());
         finished
     }
 

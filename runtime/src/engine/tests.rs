@@ -201,6 +201,20 @@ fn resumed_greedy_run_matches_uninterrupted_run() {
 }
 
 #[test]
+fn resumed_seeded_sampling_matches_uninterrupted_run() {
+    let (_dir, engine) = tiny_engine(false);
+    let mut base = greedy(24);
+    base.sampling = SamplingParams {
+        temperature: 1.5,
+        seed: Some(3),
+        ..SamplingParams::default()
+    };
+    let full = check_every_cut(&engine, &base);
+    let distinct: std::collections::HashSet<u32> = full.ids().into_iter().collect();
+    assert!(distinct.len() > 3, "sampled, not greedy: {:?}", full.ids());
+}
+
+#[test]
 fn resume_keeps_partial_utf8_characters_whole() {
     let (_dir, engine) = tiny_engine(true);
     let full = check_every_cut(&engine, &diverse(48));

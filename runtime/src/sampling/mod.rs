@@ -1,5 +1,5 @@
 //! Token sampling for one sequence: penalties, temperature, top-k / top-p / min-p, a seeded
-//! per-sequence RNG, and log-probabilities of the raw logits. The pipeline follows vLLM's
+//! random draw keyed by the token's position, and log-probabilities of the raw logits. The pipeline follows vLLM's
 //! sampler (penalties, temperature, filters, draw); the penalties follow llama.cpp and the
 //! OpenAI API (see `penalties`).
 
@@ -24,12 +24,17 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
-/// Samples the tokens of one sequence. It owns the sequence's RNG, so a seeded request gives the
-/// same tokens whatever else shares its batch.
+/// Samples the tokens of one sequence. The random number behind token `n` depends only on the
+/// sequence's seed and `n`, so a seeded request gives the same tokens whatever else shares its
+/// batch, and a request resumed on another worker after `n` delivered tokens
+/// ([`Sampler::continue_at`]) draws what an undisturbed run would have drawn.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: StdRng,
+    /// `params.seed`, or a random one.
+    seed: u64,
+    /// Index of the next token to sample.
+    position: u64,
     /// Candidate buffer reused across steps (one entry per vocabulary id).
     cands: Vec<(u32, f32)>,
 }
@@ -38,15 +43,28 @@ impl Sampler {
     /// A sampler seeded from `params.seed`, else from the thread RNG. `params` should have
     /// passed [`SamplingParams::validate`]; out-of-range values are not re-checked.
     pub fn new(params: SamplingParams) -> Self {
-        let rng = match params.seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_rng(&mut rand::rng()),
-        };
+        let seed = params.seed.unwrap_or_else(|| rand::rng().random());
         Self {
             params,
-            rng,
+            seed,
+            position: 0,
             cands: Vec::new(),
         }
+    }
+
+    /// Continues a sequence whose first `generated` tokens were sampled elsewhere (a job
+    /// resumed after a worker stopped): the next token is sampled as token `generated`.
+    pub fn continue_at(&mut self, generated: usize) {
+        self.position = generated as u64;
+    }
+
+    /// The uniform number in [0, 1) of the token at `position`: one ChaCha block keyed by
+    /// (seed, position), so distinct pairs never share a stream.
+    fn uniform(&self) -> f64 {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&self.seed.to_le_bytes());
+        key[8..16].copy_from_slice(&self.position.to_le_bytes());
+        StdRng::from_seed(key).random::<f64>()
     }
 
     /// The parameters this sampler was built with.
@@ -84,6 +102,7 @@ impl Sampler {
         } else {
             self.draw(logits)
         };
+        self.position += 1;
         let raw = originals
             .iter()
             .find(|o| o.0 == id)
@@ -106,6 +125,7 @@ impl Sampler {
     /// Temperature, filters, then one draw from the remaining weights.
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let inv_t = 1.0 / self.params.temperature;
+        let uniform = self.uniform();
         let cands = &mut self.cands;
         cands.clear();
         cands.extend(
@@ -122,7 +142,7 @@ impl Sampler {
         if !(total > 0.0 && total.is_finite()) {
             return argmax(logits); // every logit -inf: nothing to weigh
         }
-        let u = self.rng.random::<f64>() * total;
+        let u = uniform * total;
         let mut acc = 0.0f64;
         for c in cands.iter() {
             acc += c.1 as f64;
@@ -277,6 +297,29 @@ mod tests {
         let mut b = Sampler::new(params(1.0, 43));
         let different: Vec<u32> = (0..100).map(|_| draw(&mut b)).collect();
         assert_ne!(solo, different);
+    }
+
+    #[test]
+    fn a_resumed_sampler_draws_what_an_undisturbed_one_would() {
+        let logits: Vec<f32> = (0..500).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        let mut whole = Sampler::new(params(0.9, 5));
+        let undisturbed: Vec<u32> = (0..60)
+            .map(|_| whole.sample(&mut logits.clone(), &[], &[]).id)
+            .collect();
+        for cut in [1, 17, 59] {
+            let mut resumed = Sampler::new(params(0.9, 5));
+            resumed.continue_at(cut);
+            let rest: Vec<u32> = (cut..60)
+                .map(|_| resumed.sample(&mut logits.clone(), &[], &[]).id)
+                .collect();
+            assert_eq!(rest, undisturbed[cut..], "resumed after {cut} tokens");
+        }
+        // Without continue_at the draws would restart: a different continuation.
+        let mut restarted = Sampler::new(params(0.9, 5));
+        let again: Vec<u32> = (17..60)
+            .map(|_| restarted.sample(&mut logits.clone(), &[], &[]).id)
+            .collect();
+        assert_ne!(again, undisturbed[17..]);
     }
 
     #[test]

@@ -610,12 +610,7 @@ async fn full_backlog_gets_503_with_retry_after() {
         json!({"model": "capped", "messages": [{"role": "user", "content": "x"}]}).to_string();
     let first = h.post("/v1/chat/completions", Some(&h.key), &body);
     let second = async {
-        let b = h.broker.clone();
-        eventually("first job queued", || {
-            let b = b.clone();
-            async move { b.depth("capped").await.unwrap().backlog == 1 }
-        })
-        .await;
+        h.until_backlog("capped", 1).await;
         let r = h.post("/v1/chat/completions", Some(&h.key), &body).await;
         assert!(r.headers().get("retry-after").is_some());
         error(r, 503).await;
@@ -761,12 +756,7 @@ async fn queued_client_disconnect_withdraws_the_job() {
         .send()
         .await;
     assert!(r.is_err(), "the client gave up");
-    let b = h.broker.clone();
-    eventually("job withdrawn", || {
-        let b = b.clone();
-        async move { b.depth("idle").await.unwrap().backlog == 0 }
-    })
-    .await;
+    h.until_backlog("idle", 0).await; // withdrawn
     let got = h
         .broker
         .claim("idle", "late", 10, Duration::from_millis(50))
@@ -786,12 +776,7 @@ async fn queued_requests_get_their_id_when_the_gateway_stops() {
     };
     let (plain, streamed) = (body(false), body(true));
     let detach = async {
-        let b = h.broker.clone();
-        eventually("both jobs queued", || {
-            let b = b.clone();
-            async move { b.depth("cold").await.unwrap().backlog == 2 }
-        })
-        .await;
+        h.until_backlog("cold", 2).await;
         h.gateway.detach_in_flight();
     };
     let (plain, streamed, ()) = tokio::join!(
@@ -823,13 +808,7 @@ async fn queued_requests_get_their_id_when_the_gateway_stops() {
     }
     // A worker comes; both clients read their whole answers through a new gateway.
     let w = h.worker("cold", 0);
-    let g2 = tidal_gateway::Gateway::new(
-        h.broker.clone(),
-        h.ledger.clone(),
-        h.limiter.clone(),
-        config(),
-    );
-    let (base2, server2) = serve(&g2).await;
+    let (base2, server2) = h.second_gateway().await;
     for id in [plain_id, stream_id] {
         let r = h
             .http
@@ -865,13 +844,7 @@ async fn reattach_after_a_gateway_restart() {
     h.gateway.detach_in_flight();
     drop(stream);
     // A second gateway over the same broker and ledger.
-    let g2 = tidal_gateway::Gateway::new(
-        h.broker.clone(),
-        h.ledger.clone(),
-        h.limiter.clone(),
-        config(),
-    );
-    let (base2, server2) = serve(&g2).await;
+    let (base2, server2) = h.second_gateway().await;
     let url = format!("{base2}/v1/requests/{id}/events");
     // Another tenant, a malformed id and an unknown id: 404.
     let r = h.http.get(&url).bearer_auth(&h.key_b).send().await.unwrap();

@@ -119,6 +119,29 @@ impl Harness {
             .unwrap();
     }
 
+    /// A second gateway over the same broker, ledger and limiter (another replica, or this one
+    /// restarted), serving on its own port: its base URL and server task.
+    pub async fn second_gateway(&self) -> (String, tokio::task::JoinHandle<()>) {
+        let g2 = Gateway::new(
+            self.broker.clone(),
+            self.ledger.clone(),
+            self.limiter.clone(),
+            config(),
+        );
+        serve(&g2).await
+    }
+
+    /// Waits until `model` has `n` jobs queued (not yet claimed).
+    pub async fn until_backlog(&self, model: &str, n: u64) {
+        let b = self.broker.clone();
+        let model = model.to_owned();
+        eventually(&format!("{n} jobs of {model} queued"), || {
+            let (b, model) = (b.clone(), model.clone());
+            async move { b.depth(&model).await.unwrap().backlog == n }
+        })
+        .await;
+    }
+
     pub fn worker(&self, model: &str, delay_ms: u64) -> FakeWorker {
         FakeWorker::spawn(
             self.broker.clone(),

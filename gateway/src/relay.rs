@@ -214,7 +214,7 @@ impl Tracked {
     }
 
     /// The request ended normally (terminal event delivered, or withdrawn): forget its
-    /// response stream and record in the background (both also expire by themselves).
+    /// response stream and record in the background (one broker call; both also expire).
     pub fn finish(&mut self) {
         if self.phase == Phase::Finished {
             return;
@@ -223,11 +223,8 @@ impl Tracked {
         metrics::in_flight(-1.0);
         let (shared, id) = (self.shared.clone(), self.id);
         tokio::spawn(async move {
-            if let Err(e) = shared.broker.delete_responses(id).await {
-                tracing::debug!(error = %e, %id, "deleting a delivered response stream failed (it expires)");
-            }
             if let Err(e) = shared.broker.forget_request(id).await {
-                tracing::debug!(error = %e, %id, "forgetting a request record failed (it is pruned)");
+                tracing::debug!(error = %e, %id, "forgetting a delivered request failed (its keys expire)");
             }
         });
     }
@@ -265,7 +262,6 @@ impl Tracked {
                     Err(e) => tracing::warn!(error = %e, %id, "cancelling an abandoned job failed"),
                 }
             }
-            let _ = shared.broker.delete_responses(id).await;
             let _ = shared.broker.forget_request(id).await;
             tracing::info!(%id, started, "client gone; job stopped");
         });

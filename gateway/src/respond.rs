@@ -98,15 +98,10 @@ fn detached_answer(tracked: &Tracked, stream: bool) -> Result<Response, Reject> 
 /// Reads the whole response and answers with one JSON body.
 pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<Response, Reject> {
     let mut text = String::new();
-    let Some(first) = tracked.next_unless_detached().await? else {
+    let Some(mut ev) = tracked.next_unless_detached().await? else {
         return detached_answer(&tracked, false);
     };
-    let mut next = Some(first);
     loop {
-        let ev = match next.take() {
-            Some(ev) => ev,
-            None => tracked.next().await?,
-        };
         match ev {
             ResponseEvent::Delta { text: t, .. } => text.push_str(&t),
             ResponseEvent::Done {
@@ -126,6 +121,7 @@ pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<
                 ..
             } => return Err(event_error(status, code, param, message).into()),
         }
+        ev = tracked.next().await?;
     }
 }
 

@@ -153,8 +153,8 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// The record of request `id`, if it is still kept.
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>>;
 
-    /// Forgets request `id`'s record (its answer was delivered, or it was stopped); whether
-    /// one was kept.
+    /// Forgets request `id` once its answer was delivered or it was stopped: its record and its
+    /// response stream, in one step. Whether a record was kept.
     async fn forget_request(&self, id: Uuid) -> Result<bool>;
 
     // --- cancellation ---

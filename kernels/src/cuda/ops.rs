@@ -171,13 +171,7 @@ impl Gpu {
         up: &CudaSlice<f32>,
         n: usize,
     ) -> Result<(), CudaError> {
-        check(gate.len() >= n && up.len() >= n, || {
-            format!("silu_mul: {n} values")
-        })?;
-        let n32 = to_i32(n, "silu_mul length")?;
-        self.launch(&self.functions.silu_mul, elementwise(n), |b| {
-            b.arg(gate).arg(up).arg(&n32);
-        })
+        self.in_place_binary(&self.functions.silu_mul, "silu_mul", gate, up, n)
     }
 
     /// `x[i] += y[i]` for the first `n` values.
@@ -187,11 +181,24 @@ impl Gpu {
         y: &CudaSlice<f32>,
         n: usize,
     ) -> Result<(), CudaError> {
+        self.in_place_binary(&self.functions.add_into, "add_into", x, y, n)
+    }
+
+    /// Launches `f(x, y, n)`, an elementwise kernel that updates `x` from `y`, after checking
+    /// that both hold `n` values.
+    fn in_place_binary<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        what: &str,
+        x: &'a mut CudaSlice<f32>,
+        y: &'a CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
         check(x.len() >= n && y.len() >= n, || {
-            format!("add_into: {n} values")
+            format!("{what}: {n} values")
         })?;
-        let n32 = to_i32(n, "add_into length")?;
-        self.launch(&self.functions.add_into, elementwise(n), |b| {
+        let n32 = to_i32(n, "elementwise length")?;
+        self.launch(f, elementwise(n), |b| {
             b.arg(x).arg(y).arg(&n32);
         })
     }

@@ -58,8 +58,8 @@ impl DotKernel {
     }
 
     /// Makes `self` the kernel of every later [`DotKernel::selected`] in this process (to
-    /// compare kernels on one machine, or to rule one out). Fails when the CPU lacks it, or
-    /// when another kernel was selected before.
+    /// compare kernels on one machine, or to rule one out). Call it before the first matmul.
+    /// Fails when the CPU lacks it, or when another kernel is already fixed.
     pub fn select(self) -> Result<(), String> {
         if !self.is_supported() {
             return Err(format!(
@@ -74,9 +74,10 @@ impl DotKernel {
         }
     }
 
-    /// The kernel fixed by [`DotKernel::select`], else the fastest one (see [`DotKernel::detect`]).
+    /// The kernel of this process: the one [`DotKernel::select`] fixed, else the fastest one
+    /// ([`DotKernel::detect`]), fixed by this first call (every matmul asks; detection runs once).
     pub fn selected() -> Self {
-        SELECTED.get().copied().unwrap_or_else(DotKernel::detect)
+        *SELECTED.get_or_init(DotKernel::detect)
     }
 
     /// The fastest kernel this CPU supports (checked at run time).

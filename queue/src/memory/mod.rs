@@ -461,11 +461,9 @@ impl Broker for MemoryBroker {
 
     async fn forget_request(&self, id: Uuid) -> Result<bool> {
         let now = self.now();
-        Ok(self
-            .lock()
-            .requests
-            .remove(&id)
-            .is_some_and(|(_, exp)| exp > now))
+        let mut st = self.lock();
+        st.responses.remove(&id);
+        Ok(st.requests.remove(&id).is_some_and(|(_, exp)| exp > now))
     }
 
     async fn cancel(&self, id: Uuid) -> Result<()> {

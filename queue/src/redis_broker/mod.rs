@@ -579,9 +579,15 @@ impl Broker for RedisBroker {
     }
 
     async fn forget_request(&self, id: Uuid) -> Result<bool> {
-        let mut cmd = redis::cmd("DEL");
-        cmd.arg(self.keys.request(id));
-        Ok(self.query::<i64>(&cmd).await? == 1)
+        let mut p = redis::pipe();
+        p.cmd("DEL")
+            .arg(self.keys.request(id))
+            .cmd("DEL")
+            .arg(self.keys.resp(id))
+            .ignore();
+        let mut c = self.conn.clone();
+        let (records,): (i64,) = p.query_async(&mut c).await?;
+        Ok(records == 1)
     }
 
     async fn cancel(&self, id: Uuid) -> Result<()> {

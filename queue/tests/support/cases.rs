@@ -815,9 +815,20 @@ pub async fn request_records(h: &dyn Harness) {
         "unchanged"
     );
 
+    b.append_response(forgotten.id, &delta(1, "a", &[1]))
+        .await
+        .unwrap();
     assert!(b.forget_request(forgotten.id).await.unwrap());
     assert!(!b.forget_request(forgotten.id).await.unwrap());
     assert_eq!(b.request(forgotten.id).await.unwrap(), None);
+    let stream = b
+        .read_responses(forgotten.id, 0, 10, NO_WAIT)
+        .await
+        .unwrap();
+    assert!(
+        stream.is_empty(),
+        "the response stream goes with the record"
+    );
     assert_eq!(b.request(kept.id).await.unwrap(), Some(kept.clone()));
 
     h.advance(REQUEST_TTL + Duration::from_millis(100)).await;

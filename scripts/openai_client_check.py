@@ -57,6 +57,21 @@ def main():
     check("chat streaming finish", finish == "stop", finish)
     check("chat streaming usage", usage is not None and usage.completion_tokens == 3, usage)
 
+    # The fake worker's log-probability of its i-th word is -(i + 1) / 10.
+    r = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "with logprobs"}], logprobs=True, top_logprobs=0
+    )
+    lp = r.choices[0].logprobs
+    check("chat logprobs tokens", lp is not None and [t.token for t in lp.content] == ["with", " logprobs"], lp)
+    check("chat logprobs values", [round(t.logprob, 4) for t in lp.content] == [-0.1, -0.2], lp)
+    text = ""
+    for chunk in client.completions.create(model=model, prompt="a bb ccc", stream=True, logprobs=0):
+        if chunk.choices and chunk.choices[0].logprobs:
+            clp = chunk.choices[0].logprobs
+            text += "".join(clp.tokens)
+            check("completion logprobs offset", clp.text_offset[0] == len(text) - len(clp.tokens[0]), clp)
+    check("completion streaming logprobs", text == "a bb ccc", text)
+
     c = client.completions.create(model=model, prompt="one two three four", max_tokens=2)
     check("completion non-streaming", c.choices[0].text == "one two", c)
     check("completion finish_reason", c.choices[0].finish_reason == "length", c)

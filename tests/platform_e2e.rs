@@ -4,98 +4,20 @@
 //! two workers; and a model with no worker, whose requests wait until one starts, and whose
 //! request past the max queue wait gets a 503 and never runs.
 
+mod platform_common;
 mod process;
 mod worker_common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use process::{free_port, tidal_json, KillOnDrop};
+use platform_common::{key_for, platform, publish};
 use serde_json::{json, Value};
-use tidal_queue::{Broker, ModelRecord, ModelState, Prices};
 use worker_common::*;
-
-struct Platform {
-    queue: Queue,
-    base: String,
-    db: String,
-    _dir: tempfile::TempDir,
-    _gateway: KillOnDrop,
-}
-
-async fn publish(broker: &dyn Broker, max_queue_wait_ms: u64) {
-    broker
-        .put_model(&ModelRecord {
-            id: MODEL_ID.into(),
-            state: ModelState::Ready,
-            prices: Prices {
-                currency: "USD".into(),
-                input_per_mtok_micros: 100_000,
-                cached_input_per_mtok_micros: 50_000,
-                output_per_mtok_micros: 400_000,
-            },
-            max_queue_wait_ms,
-            backlog_cap: 1000,
-            context_length: 8192,
-        })
-        .await
-        .unwrap();
-}
-
-/// A gateway process on a fresh Redis prefix and ledger, with the model's record published.
-async fn platform(test: &str, max_queue_wait_ms: u64) -> Platform {
-    let queue = Queue::new(test).await;
-    publish(&*queue.broker, max_queue_wait_ms).await;
-    let dir = tempfile::tempdir().unwrap();
-    let db = format!("sqlite:{}?mode=rwc", dir.path().join("ledger.db").display());
-    let port = free_port();
-    let gateway = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--redis",
-                &queue.url,
-                "--database",
-                &db,
-                "--key-prefix",
-                &queue.prefix,
-            ])
-            .args(["--cache-ttl-ms", "200"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::get(format!("{base}/health"))
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "gateway never became healthy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Platform {
-        queue,
-        base,
-        db,
-        _dir: dir,
-        _gateway: gateway,
-    }
-}
-
-fn key_for(db: &str, tenant: &str) -> String {
-    tidal_json(&["keys", "--database", db, "create-tenant", tenant]);
-    tidal_json(&["keys", "--database", db, "issue", tenant])["secret"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
 
 /// One streaming chat request; returns (content, prompt tokens, completion tokens).
 async fn stream_chat(

@@ -3,15 +3,17 @@
 //! error ([`Reject`]): 401, 400, 402, 429 (+ Retry-After), 404 `model_not_found`,
 //! 503 (+ Retry-After) for a full backlog or an unreachable queue.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
+use sha2::{Digest, Sha256};
 use tidal_protocol::error::parse_json;
 use tidal_protocol::job::JobRequest;
 use tidal_protocol::render::{Endpoint, ResponseMeta};
 use tidal_protocol::ApiError;
-use tidal_queue::{Job, RequestRecord};
+use tidal_queue::{Job, RequestRecord, Submitted};
 use uuid::Uuid;
 
 use crate::auth;
@@ -23,6 +25,8 @@ use crate::relay::Tracked;
 
 /// An accepted request: its job is in the queue.
 pub(crate) struct Accepted {
+    /// Its id: the new one, or the first request's for a retry with a used idempotency key.
+    pub id: Uuid,
     /// Follows the job's response stream.
     pub tracked: Tracked,
     /// Shape of its response bodies.
@@ -31,6 +35,8 @@ pub(crate) struct Accepted {
     pub stream: bool,
     /// Whether the stream ends with a usage chunk.
     pub include_usage: bool,
+    /// Whether the response carries log-probabilities.
+    pub logprobs: bool,
 }
 
 /// Parses the body of `endpoint` and runs the checks that need no model.
@@ -40,18 +46,6 @@ pub(crate) fn parse(endpoint: Endpoint, body: &[u8]) -> Result<JobRequest, Rejec
         Endpoint::Completion => JobRequest::Completion(parse_json(body)?),
     };
     req.validate()?;
-    // Response events carry no log-probabilities: refuse rather than silently omit them.
-    let logprobs = match &req {
-        JobRequest::Chat(r) => r.logprobs == Some(true),
-        JobRequest::Completion(r) => r.logprobs.is_some(),
-    };
-    if logprobs {
-        return Err(ApiError::invalid(
-            "logprobs",
-            "log probabilities are not available through the gateway",
-        )
-        .into());
-    }
     if req.model().is_empty() {
         return Err(ApiError::invalid("model", "`model` must not be empty").into());
     }
@@ -63,6 +57,66 @@ fn include_usage(req: &JobRequest) -> bool {
         JobRequest::Chat(r) => r.sampling.include_usage(),
         JobRequest::Completion(r) => r.sampling.include_usage(),
     }
+}
+
+/// Header with which a client makes retries safe: one job per (tenant, key).
+pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+
+/// The request's idempotency key, if it sent one: 1 to 255 visible ASCII characters.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Reject> {
+    let Some(v) = headers.get(IDEMPOTENCY_HEADER) else {
+        return Ok(None);
+    };
+    let bytes = v.as_bytes();
+    if bytes.is_empty() || bytes.len() > 255 || !bytes.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "`Idempotency-Key` must be 1 to 255 visible ASCII characters",
+        )
+        .into());
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// Digest of a request as sent: a retry under the same idempotency key must match it.
+fn fingerprint(endpoint: Endpoint, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(endpoint.as_str().as_bytes());
+    h.update([0]);
+    h.update(body);
+    h.finalize()
+        .iter()
+        .fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// The first request of a retry's idempotency key, if the retry may reattach to it: it is
+/// still kept (409 once answered) and it is the same request (422 otherwise).
+fn same_request(
+    first: Uuid,
+    kept: Option<RequestRecord>,
+    retry: &RequestRecord,
+) -> Result<RequestRecord, Reject> {
+    let kept = kept.ok_or_else(|| {
+        ApiError::new(
+            409,
+            Some("idempotency_key_reused".into()),
+            Some("Idempotency-Key".into()),
+            format!("Request {first}, sent with this Idempotency-Key, was already answered; use a new key for a new request."),
+        )
+    })?;
+    if kept.fingerprint != retry.fingerprint {
+        return Err(ApiError::new(
+            422,
+            Some("idempotency_key_mismatch".into()),
+            Some("Idempotency-Key".into()),
+            format!("This Idempotency-Key was first used for request {first} with a different body or endpoint."),
+        )
+        .into());
+    }
+    Ok(kept)
 }
 
 /// Admits and enqueues request `id` (see the module docs).
@@ -77,6 +131,7 @@ pub(crate) async fn submit(
     let tenant = principal.tenant.clone();
     tracing::Span::current().record("tenant", tenant.as_str());
     let req = parse(endpoint, body)?;
+    let idempotency = idempotency_key(headers)?;
 
     let policy = shared.policy(&principal).await?;
     if policy.budget_exhausted {
@@ -139,6 +194,7 @@ pub(crate) async fn submit(
     };
     let stream = req.stream();
     let include_usage = include_usage(&req);
+    let logprobs = req.logprobs();
     let job = Job {
         id,
         tenant: tenant.clone(),
@@ -148,38 +204,62 @@ pub(crate) async fn submit(
         deadline_ms,
         resume: None,
     };
-    let entry = shared.broker.enqueue(&job).await?;
-    // From here on the job exists: dropping `tracked` (an error below, or the client going
-    // away) withdraws it.
-    let tracked = Tracked::new(
-        shared.clone(),
-        id,
-        tenant.clone(),
-        model.clone(),
-        entry.clone(),
-        deadline_ms,
-        0,
-    );
-    let owner = RequestRecord {
+    let record = RequestRecord {
         id,
         tenant,
         model: model.clone(),
-        entry_id: entry,
+        entry_id: String::new(),
         endpoint: endpoint.as_str().to_owned(),
         include_usage,
+        logprobs,
+        fingerprint: idempotency.as_ref().map(|_| fingerprint(endpoint, body)),
+        idempotency_key: idempotency.clone(),
         deadline_ms,
         created_at_ms: now_ms,
     };
-    if let Err(e) = shared.broker.record_request(&owner).await {
-        drop(tracked);
-        return Err(e.into());
-    }
+    let record = match shared
+        .broker
+        .submit(&job, &record, idempotency.as_deref())
+        .await?
+    {
+        Submitted::Enqueued(entry) => RequestRecord {
+            entry_id: entry,
+            ..record
+        },
+        Submitted::Duplicate {
+            id: first,
+            record: kept,
+        } => {
+            let kept = same_request(first, kept, &record)?;
+            tracing::info!(request = %first, "retry with a used idempotency key; reattaching");
+            kept
+        }
+    };
+    // From here on the job exists: dropping `tracked` (an error below, or the client going
+    // away) withdraws or cancels it.
+    let tracked = Tracked::new(
+        shared.clone(),
+        record.id,
+        record.tenant,
+        record.model.clone(),
+        record.entry_id,
+        record.deadline_ms,
+        0,
+    )
+    .with_idempotency_key(record.idempotency_key);
     tracing::debug!(stream, "enqueued");
-    let meta = ResponseMeta::new(endpoint, &id.simple().to_string(), now_ms / 1000, model);
+    let meta = ResponseMeta::new(
+        endpoint,
+        &record.id.simple().to_string(),
+        record.created_at_ms / 1000,
+        record.model,
+    );
     Ok(Accepted {
+        id: record.id,
         tracked,
         meta,
         stream,
         include_usage,
+        logprobs,
     })
 }

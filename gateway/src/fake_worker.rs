@@ -5,13 +5,15 @@
 //! Deterministic, so tests can check exact output: the completion of a prompt with words
 //! `w1 w2 ... wn` is `"w1 w2 ... wn"` (streamed as `"w1"`, `" w2"`, ...), cut at
 //! `max_tokens` words (`finish_reason: "length"`, else `"stop"`). Prompt tokens are the words
-//! of every message (or the prompt's token ids). It honours cancel flags between words and
-//! resumes re-enqueued jobs after the words already delivered.
+//! of every message (or the prompt's token ids). A request for log-probabilities gets one
+//! entry per word: the piece as its token, log-probability `-(i + 1) / 10` for the i-th word
+//! (from 0), no alternatives. It honours cancel flags between words and resumes re-enqueued
+//! jobs after the words already delivered.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tidal_protocol::chat::MessageContent;
+use tidal_protocol::chat::{MessageContent, TokenLogprob};
 use tidal_protocol::completion::PromptField;
 use tidal_protocol::job::JobRequest;
 use tidal_queue::clock::system_now_ms;
@@ -191,6 +193,11 @@ async fn run(broker: Arc<dyn Broker>, cfg: FakeWorkerConfig, mut stop: watch::Re
     while jobs.join_next().await.is_some() {}
 }
 
+/// The log-probability the fake worker reports for its `i`-th word (from 0).
+pub fn fake_logprob(i: usize) -> f32 {
+    -((i + 1) as f32) / 10.0
+}
+
 /// Generates one claimed job: deltas, done, usage, ack.
 pub async fn serve(
     broker: &dyn Broker,
@@ -213,6 +220,7 @@ pub async fn serve(
         }
     };
     let out = fake_output(&req);
+    let wants_logprobs = req.logprobs();
     let (skip, mut seq) = job
         .resume
         .as_ref()
@@ -226,10 +234,21 @@ pub async fn serve(
             }
         }
         seq += 1;
+        let logprobs = if wants_logprobs {
+            vec![TokenLogprob {
+                token: piece.clone(),
+                logprob: fake_logprob(i),
+                bytes: piece.as_bytes().to_vec(),
+                top_logprobs: vec![],
+            }]
+        } else {
+            vec![]
+        };
         let ev = ResponseEvent::Delta {
             seq,
             text: piece.clone(),
             token_ids: vec![i as u32],
+            logprobs,
         };
         match broker.append_response(job.id, &ev).await {
             Ok(()) => delivered += 1,

@@ -44,6 +44,8 @@ pub(crate) struct Tracked {
     phase: Phase,
     last_seq: u64,
     buf: VecDeque<ResponseEvent>,
+    /// The idempotency key it was sent with: released when it ends without an answer.
+    idempotency_key: Option<String>,
     /// When we began waiting (for the queue-wait metric).
     since: Instant,
     last_event: Instant,
@@ -74,9 +76,16 @@ impl Tracked {
             phase: Phase::Queued,
             last_seq: after_seq,
             buf: VecDeque::new(),
+            idempotency_key: None,
             since: now,
             last_event: now,
         }
+    }
+
+    /// Sets the idempotency key the request was sent with.
+    pub fn with_idempotency_key(mut self, key: Option<String>) -> Self {
+        self.idempotency_key = key;
+        self
     }
 
     /// The gateway state this request belongs to.
@@ -117,6 +126,7 @@ impl Tracked {
                         metrics::withdrawn(&self.model);
                         tracing::info!(model = %self.model, "max queue wait passed; job withdrawn");
                         self.finish();
+                        self.release_key();
                         return Err(Reject::retry(
                             ApiError::unavailable(format!(
                                 "No worker of model `{}` started this request within its maximum queue wait; it was withdrawn and will not run. Retry later.",
@@ -229,8 +239,26 @@ impl Tracked {
         });
     }
 
+    /// Frees the request's idempotency key (it ends without an answer: a retry runs
+    /// afresh), in the background.
+    fn release_key(&self) {
+        let Some(key) = self.idempotency_key.clone() else {
+            return;
+        };
+        let (shared, id, tenant) = (self.shared.clone(), self.id, self.tenant.clone());
+        tokio::spawn(async move {
+            if let Err(e) = shared
+                .broker
+                .release_idempotency_key(&tenant, &key, id)
+                .await
+            {
+                tracing::warn!(error = %e, %id, "releasing an idempotency key failed (it expires)");
+            }
+        });
+    }
+
     /// Stops the request (client gone, or given up): withdraw it if it has not started,
-    /// else cancel it; then forget it.
+    /// else cancel it; then forget it and free its idempotency key.
     fn abandon(&mut self) {
         if self.phase == Phase::Finished {
             return;
@@ -238,6 +266,7 @@ impl Tracked {
         let queued = self.phase == Phase::Queued;
         self.phase = Phase::Finished;
         metrics::in_flight(-1.0);
+        self.release_key();
         let shared = self.shared.clone();
         let (id, model, entry) = (self.id, self.model.clone(), self.entry.clone());
         tokio::spawn(async move {

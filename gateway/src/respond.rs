@@ -21,7 +21,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
-use tidal_protocol::render::ResponseMeta;
+use tidal_protocol::render::{PieceLogprobs, ResponseMeta};
 use tidal_protocol::usage::Usage;
 use tidal_protocol::ApiError;
 use tidal_queue::{FinishReason, ResponseEvent};
@@ -95,22 +95,36 @@ fn detached_answer(tracked: &Tracked, stream: bool) -> Result<Response, Reject> 
     Ok(Sse::new(only).into_response())
 }
 
-/// Reads the whole response and answers with one JSON body.
-pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<Response, Reject> {
+/// Reads the whole response and answers with one JSON body; `logprobs`: the client asked
+/// for log-probabilities (the events carry them).
+pub(crate) async fn collect(
+    mut tracked: Tracked,
+    meta: ResponseMeta,
+    logprobs: bool,
+) -> Result<Response, Reject> {
     let mut text = String::new();
+    let mut tokens = Vec::new();
     let Some(mut ev) = tracked.next_unless_detached().await? else {
         return detached_answer(&tracked, false);
     };
     loop {
         match ev {
-            ResponseEvent::Delta { text: t, .. } => text.push_str(&t),
+            ResponseEvent::Delta {
+                text: t,
+                logprobs: lps,
+                ..
+            } => {
+                text.push_str(&t);
+                tokens.extend(lps);
+            }
             ResponseEvent::Done {
                 finish_reason,
                 usage: u,
                 ..
             } => {
                 count_tokens(&tracked, &u).await;
-                let body = meta.whole(text, None, finish_str(finish_reason), usage(u));
+                let lps = logprobs.then(|| PieceLogprobs::new(meta.endpoint, tokens, 0));
+                let body = meta.whole(text, lps, finish_str(finish_reason), usage(u));
                 return Ok(Json(body).into_response());
             }
             ResponseEvent::Error {
@@ -125,10 +139,27 @@ pub(crate) async fn collect(mut tracked: Tracked, meta: ResponseMeta) -> Result<
     }
 }
 
+/// How a response stream is shaped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamShape {
+    /// End with a usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// Chunks carry log-probabilities.
+    pub logprobs: bool,
+    /// Open with the assistant-role chunk (a chat stream from its start, not a reattach
+    /// mid-stream).
+    pub role_chunk: bool,
+    /// Text bytes delivered before the first event read (a reattach mid-stream): where the
+    /// legacy completions' `text_offset` goes on from.
+    pub text_before: usize,
+}
+
 struct StreamState {
     tracked: Tracked,
     meta: ResponseMeta,
-    include_usage: bool,
+    shape: StreamShape,
+    /// Text bytes sent (or skipped by a reattach) so far.
+    text_len: usize,
     pending: VecDeque<Event>,
     ended: bool,
 }
@@ -142,12 +173,19 @@ impl StreamState {
     async fn push(&mut self, ev: ResponseEvent) {
         let id = ev.seq().to_string();
         match ev {
-            ResponseEvent::Delta { text, .. } => {
-                // A token that decodes to nothing yet (part of a UTF-8 sequence) sends nothing.
-                if !text.is_empty() {
-                    self.pending
-                        .push_back(data(&self.meta.delta_chunk(text, None)).id(id));
+            ResponseEvent::Delta { text, logprobs, .. } => {
+                // A token that decodes to nothing yet (part of a UTF-8 sequence) sends
+                // nothing, unless its log-probability was asked for.
+                if text.is_empty() && logprobs.is_empty() {
+                    return;
                 }
+                let lps = self
+                    .shape
+                    .logprobs
+                    .then(|| PieceLogprobs::new(self.meta.endpoint, logprobs, self.text_len));
+                self.text_len += text.len();
+                self.pending
+                    .push_back(data(&self.meta.delta_chunk(text, lps)).id(id));
             }
             ResponseEvent::Done {
                 finish_reason,
@@ -157,7 +195,7 @@ impl StreamState {
                 count_tokens(&self.tracked, &u).await;
                 self.pending
                     .push_back(data(&self.meta.finish_chunk(finish_str(finish_reason))).id(id));
-                if self.include_usage {
+                if self.shape.include_usage {
                     self.pending
                         .push_back(data(&self.meta.usage_chunk(usage(u))));
                 }
@@ -180,13 +218,11 @@ impl StreamState {
     }
 }
 
-/// Waits for the first event, then answers with an SSE stream. `role_chunk`: open a chat
-/// stream with the assistant-role chunk (not when resuming mid-stream).
+/// Waits for the first event, then answers with an SSE stream.
 pub(crate) async fn stream(
     mut tracked: Tracked,
     meta: ResponseMeta,
-    include_usage: bool,
-    role_chunk: bool,
+    shape: StreamShape,
 ) -> Result<Response, Reject> {
     let Some(first) = tracked.next_unless_detached().await? else {
         return detached_answer(&tracked, true);
@@ -202,7 +238,7 @@ pub(crate) async fn stream(
         return Err(event_error(status, code, param, message).into());
     }
     let mut pending = VecDeque::new();
-    if role_chunk {
+    if shape.role_chunk {
         if let Some(chunk) = meta.role_chunk() {
             pending.push_back(data(&chunk));
         }
@@ -210,7 +246,8 @@ pub(crate) async fn stream(
     let mut state = StreamState {
         tracked,
         meta,
-        include_usage,
+        shape,
+        text_len: shape.text_before,
         pending,
         ended: false,
     };

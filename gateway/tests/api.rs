@@ -202,13 +202,14 @@ async fn malformed_bodies_get_400_with_the_field() {
         ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 9}).to_string(), Some("temperature")),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}).to_string(), Some("max_tokens")),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}).to_string(), None),
-        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": true}).to_string(), Some("logprobs")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}).to_string(), Some("top_logprobs")),
+        ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}).to_string(), Some("top_logprobs")),
         ("/v1/chat/completions", json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3}).to_string(), Some("n")),
         ("/v1/chat/completions", json!({"model": "", "messages": [{"role": "user", "content": "x"}]}).to_string(), Some("model")),
         ("/v1/completions", json!({"model": MODEL, "prompt": ""}).to_string(), Some("prompt")),
         ("/v1/completions", json!({"model": MODEL, "prompt": 7}).to_string(), None),
         ("/v1/completions", json!({"model": MODEL, "prompt": "x", "echo": true}).to_string(), Some("echo")),
-        ("/v1/completions", json!({"model": MODEL, "prompt": "x", "logprobs": 2}).to_string(), Some("logprobs")),
+        ("/v1/completions", json!({"model": MODEL, "prompt": "x", "logprobs": 30}).to_string(), Some("logprobs")),
     ];
     for (path, body, param) in cases {
         let e = error(h.post(path, Some(&h.key), &body).await, 400).await;
@@ -567,14 +568,7 @@ async fn started_before_the_deadline_is_served() {
         tokio::time::sleep(Duration::from_millis(800)).await;
         let id = job.job.id;
         broker
-            .append_response(
-                id,
-                &ResponseEvent::Delta {
-                    seq: 1,
-                    text: "ok".into(),
-                    token_ids: vec![1],
-                },
-            )
+            .append_response(id, &ResponseEvent::delta(1, "ok", vec![1]))
             .await
             .unwrap();
         broker
@@ -669,14 +663,7 @@ async fn worker_error_mid_stream_is_an_error_chunk() {
         let job = claim_one(&*broker, "flaky").await;
         let id = job.job.id;
         broker
-            .append_response(
-                id,
-                &ResponseEvent::Delta {
-                    seq: 1,
-                    text: "par".into(),
-                    token_ids: vec![1],
-                },
-            )
+            .append_response(id, &ResponseEvent::delta(1, "par", vec![1]))
             .await
             .unwrap();
         broker
@@ -822,6 +809,202 @@ async fn queued_requests_get_their_id_when_the_gateway_stops() {
         assert_eq!(chunk_text(&events), "still here");
         assert_eq!(events.last().unwrap().data, "[DONE]");
     }
+    server2.abort();
+    w.stop().await;
+    h.stop().await;
+}
+
+/// The pieces the fake worker streams for `text` (`"w0"`, `" w1"`, ...).
+fn pieces(text: &str) -> Vec<String> {
+    text.split(' ')
+        .enumerate()
+        .map(|(i, w)| {
+            if i == 0 {
+                w.to_owned()
+            } else {
+                format!(" {w}")
+            }
+        })
+        .collect()
+}
+
+/// Legacy completions' `text_offset` of `pieces` when `before` bytes preceded them.
+fn offsets(pieces: &[String], before: usize) -> Vec<usize> {
+    pieces
+        .iter()
+        .scan(before, |at, p| {
+            let this = *at;
+            *at += p.len();
+            Some(this)
+        })
+        .collect()
+}
+
+fn logprob_values(n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| f64::from(tidal_gateway::fake_worker::fake_logprob(i)))
+        .collect()
+}
+
+#[tokio::test]
+async fn logprobs_reach_the_client_in_each_endpoints_shape() {
+    let h = Harness::start().await;
+    let w = h.worker(MODEL, 0);
+    let text = "alpha beta gamma delta";
+    let want = pieces(text);
+    let f32s = |v: &Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| f64::from(x.as_f64().unwrap() as f32))
+            .collect()
+    };
+    for stream in [false, true] {
+        // Chat: one entry per token, with its bytes.
+        let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text}], "logprobs": true, "top_logprobs": 0, "stream": stream}).to_string();
+        let r = h.post("/v1/chat/completions", Some(&h.key), &body).await;
+        assert_eq!(r.status(), 200);
+        let entries: Vec<Value> = if stream {
+            let events = parse_sse(&r.text().await.unwrap());
+            let chunks: Vec<Value> = events
+                .iter()
+                .filter(|e| e.data != "[DONE]")
+                .map(|e| serde_json::from_str(&e.data).unwrap())
+                .collect();
+            for c in &chunks {
+                let delta = &c["choices"][0]["delta"];
+                if delta["content"].as_str().is_some_and(|t| !t.is_empty()) {
+                    let lp = c["choices"][0]["logprobs"]["content"].as_array().unwrap();
+                    assert_eq!(lp.len(), 1, "each text chunk carries its token: {c}");
+                    assert_eq!(lp[0]["token"], delta["content"]);
+                }
+            }
+            chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+                .flatten()
+                .cloned()
+                .collect()
+        } else {
+            let v: Value = r.json().await.unwrap();
+            v["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .clone()
+        };
+        let tokens: Vec<&str> = entries
+            .iter()
+            .map(|e| e["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(tokens, want, "stream {stream}");
+        let lps: Vec<f64> = entries
+            .iter()
+            .map(|e| f64::from(e["logprob"].as_f64().unwrap() as f32))
+            .collect();
+        assert_eq!(lps, logprob_values(want.len()));
+        assert_eq!(entries[1]["bytes"], json!(b" beta".to_vec()));
+        assert_eq!(entries[1]["top_logprobs"], json!([]));
+
+        // Legacy completions: parallel arrays, offsets over the text.
+        let body =
+            json!({"model": MODEL, "prompt": text, "logprobs": 0, "stream": stream}).to_string();
+        let r = h.post("/v1/completions", Some(&h.key), &body).await;
+        assert_eq!(r.status(), 200);
+        let (mut tokens, mut values, mut at) = (vec![], vec![], vec![]);
+        let lp_objects: Vec<Value> = if stream {
+            parse_sse(&r.text().await.unwrap())
+                .iter()
+                .filter(|e| e.data != "[DONE]")
+                .map(|e| serde_json::from_str::<Value>(&e.data).unwrap())
+                .filter(|c| {
+                    c["choices"][0]["text"]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty())
+                })
+                .map(|c| c["choices"][0]["logprobs"].clone())
+                .collect()
+        } else {
+            let v: Value = r.json().await.unwrap();
+            vec![v["choices"][0]["logprobs"].clone()]
+        };
+        for lp in &lp_objects {
+            for t in lp["tokens"].as_array().unwrap() {
+                tokens.push(t.as_str().unwrap().to_owned());
+            }
+            values.extend(f32s(&lp["token_logprobs"]));
+            at.extend(
+                lp["text_offset"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as usize),
+            );
+            assert_eq!(
+                lp["top_logprobs"].as_array().unwrap().len(),
+                lp["tokens"].as_array().unwrap().len()
+            );
+        }
+        assert_eq!(tokens, want, "stream {stream}");
+        assert_eq!(values, logprob_values(want.len()));
+        assert_eq!(at, offsets(&want, 0));
+    }
+    // Not asked, not sent.
+    let r = h
+        .post("/v1/chat/completions", Some(&h.key), &chat(text, false))
+        .await;
+    let v: Value = r.json().await.unwrap();
+    assert!(v["choices"][0]["logprobs"].is_null(), "{v}");
+    w.stop().await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn reattached_completion_logprobs_go_on_at_the_right_offset() {
+    let h = Harness::start().await;
+    let w = h.worker(MODEL, 60);
+    let words: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
+    let text = words.join(" ");
+    let body = json!({"model": MODEL, "prompt": text, "logprobs": 1, "stream": true}).to_string();
+    let r = h.post("/v1/completions", Some(&h.key), &body).await;
+    let id = request_id(&r);
+    let (events, stream) = read_events(r, 3).await;
+    let last_id = events[..3].iter().filter_map(|e| e.id).max().unwrap();
+    h.gateway.detach_in_flight();
+    drop(stream);
+    let (base2, server2) = h.second_gateway().await;
+    let r = h
+        .http
+        .get(format!("{base2}/v1/requests/{id}/events"))
+        .bearer_auth(&h.key)
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let rest: Vec<Value> = parse_sse(&r.text().await.unwrap())
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .map(|e| serde_json::from_str::<Value>(&e.data).unwrap())
+        .filter(|c| {
+            c["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+        })
+        .collect();
+    let all = pieces(&text);
+    let seen = usize::try_from(last_id).unwrap();
+    let at: Vec<usize> = rest
+        .iter()
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["text_offset"]
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    let before: usize = all[..seen].iter().map(String::len).sum();
+    assert_eq!(at, offsets(&all[seen..], before), "{rest:?}");
     server2.abort();
     w.stop().await;
     h.stop().await;

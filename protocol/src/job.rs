@@ -38,6 +38,16 @@ impl JobRequest {
         }
     }
 
+    /// Whether the response carries log-probabilities (what the worker's engine computes
+    /// for `top_logprobs`; a request that fails [`JobRequest::validate`] carries none).
+    pub fn logprobs(&self) -> bool {
+        let top = match self {
+            JobRequest::Chat(r) => r.top_logprobs(),
+            JobRequest::Completion(r) => r.top_logprobs(),
+        };
+        matches!(top, Ok(Some(_)))
+    }
+
     /// The checks that need no model: what the gateway runs before enqueueing.
     pub fn validate(&self) -> Result<(), ApiError> {
         match self {
@@ -89,6 +99,31 @@ mod tests {
         assert!(back.stream());
         assert_eq!(back.model(), "m");
         back.validate().unwrap();
+    }
+
+    #[test]
+    fn logprobs_follow_each_endpoints_switch() {
+        let job = |v: serde_json::Value| JobRequest::from_body(&v).unwrap();
+        let chat = |extra: serde_json::Value| {
+            let mut r =
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+            r.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            job(serde_json::json!({"kind": "chat", "request": r}))
+        };
+        assert!(!chat(serde_json::json!({})).logprobs());
+        assert!(!chat(serde_json::json!({"logprobs": false})).logprobs());
+        assert!(chat(serde_json::json!({"logprobs": true})).logprobs());
+        assert!(chat(serde_json::json!({"logprobs": true, "top_logprobs": 3})).logprobs());
+        let completion = |lp: serde_json::Value| {
+            job(
+                serde_json::json!({"kind": "completion", "request": {"model": "m", "prompt": "x", "logprobs": lp}}),
+            )
+        };
+        assert!(!completion(serde_json::Value::Null).logprobs());
+        assert!(completion(serde_json::json!(0)).logprobs());
+        assert!(completion(serde_json::json!(2)).logprobs());
     }
 
     #[test]

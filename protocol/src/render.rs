@@ -60,6 +60,34 @@ pub enum PieceLogprobs {
     Completion(CompletionLogprobs),
 }
 
+impl PieceLogprobs {
+    /// `tokens` (rendered once, in the chat shape) in `endpoint`'s shape. `text_offset` is
+    /// the completion text's length before these tokens: legacy completions report each
+    /// token's offset, counted over the token pieces that precede it.
+    pub fn new(endpoint: Endpoint, tokens: Vec<TokenLogprob>, text_offset: usize) -> Self {
+        match endpoint {
+            Endpoint::Chat => PieceLogprobs::Chat(tokens),
+            Endpoint::Completion => {
+                let mut lp = CompletionLogprobs::default();
+                let mut at = text_offset;
+                for t in tokens {
+                    lp.text_offset.push(at);
+                    at += t.token.len();
+                    lp.token_logprobs.push(t.logprob);
+                    lp.top_logprobs.push(
+                        t.top_logprobs
+                            .into_iter()
+                            .map(|a| (a.token, a.logprob))
+                            .collect(),
+                    );
+                    lp.tokens.push(t.token);
+                }
+                PieceLogprobs::Completion(lp)
+            }
+        }
+    }
+}
+
 /// What every body of one response shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseMeta {
@@ -304,6 +332,45 @@ mod tests {
         let u = m.usage_chunk(Usage::new(2, 0, 3));
         assert_eq!(u["choices"].as_array().unwrap().len(), 0);
         assert_eq!(u["usage"]["prompt_tokens"], 2);
+    }
+
+    fn token(text: &str, logprob: f32, top: &[(&str, f32)]) -> TokenLogprob {
+        TokenLogprob {
+            token: text.into(),
+            logprob,
+            bytes: text.as_bytes().to_vec(),
+            top_logprobs: top
+                .iter()
+                .map(|&(t, logprob)| crate::chat::TopLogprob {
+                    token: t.into(),
+                    logprob,
+                    bytes: t.as_bytes().to_vec(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn completion_logprobs_count_offsets_over_token_pieces() {
+        let tokens = vec![
+            token(" Par", -0.1, &[(" Par", -0.1), (" the", -2.5)]),
+            token("is", -0.01, &[("is", -0.01)]),
+        ];
+        let PieceLogprobs::Completion(lp) = PieceLogprobs::new(Endpoint::Completion, tokens, 5)
+        else {
+            panic!("a completion request gets the completion shape");
+        };
+        assert_eq!(lp.tokens, [" Par", "is"]);
+        assert_eq!(lp.token_logprobs, [-0.1, -0.01]);
+        assert_eq!(lp.text_offset, [5, 9]);
+        assert_eq!(lp.top_logprobs[0].len(), 2);
+        assert_eq!(lp.top_logprobs[0][" the"], -2.5);
+        assert_eq!(lp.top_logprobs[1]["is"], -0.01);
+        let chat = vec![token("x", -0.5, &[])];
+        assert_eq!(
+            PieceLogprobs::new(Endpoint::Chat, chat.clone(), 5),
+            PieceLogprobs::Chat(chat)
+        );
     }
 
     #[test]

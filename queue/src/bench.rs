@@ -65,11 +65,7 @@ pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
 async fn serve(b: Arc<dyn Broker>, c: ClaimedJob, deltas: u64) -> Result<()> {
     let started = system_now_ms();
     for seq in 1..=deltas {
-        let ev = ResponseEvent::Delta {
-            seq,
-            text: "tok".into(),
-            token_ids: vec![seq as u32],
-        };
+        let ev = ResponseEvent::delta(seq, "tok", vec![seq as u32]);
         b.append_response(c.job.id, &ev).await?;
     }
     let usage = Usage {

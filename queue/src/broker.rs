@@ -35,7 +35,7 @@ use crate::error::{QueueError, Result};
 use crate::keys::DEFAULT_PREFIX;
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
-    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
+    Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 
 /// Settings shared by both brokers.
@@ -146,9 +146,26 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     // --- request records ---
 
-    /// Stores the record of a request the gateway accepted, until `request_ttl` passes or
-    /// [`Broker::forget_request`]. [`QueueError::Invalid`] when its id is already recorded.
-    async fn record_request(&self, record: &RequestRecord) -> Result<()>;
+    /// Enqueues a new request's `job` and keeps its `record` (whose `entry_id` is set to the
+    /// new entry) until `request_ttl` passes or [`Broker::forget_request`], in one atomic
+    /// step: a gateway that dies at any point leaves either both or neither.
+    ///
+    /// With `idempotency_key`, the first call for (tenant, key) does the above and keeps the
+    /// key for `request_ttl`; every later call enqueues nothing and answers
+    /// [`Submitted::Duplicate`] with the first request (a client retrying after a lost
+    /// connection reattaches to it instead of running it twice). [`QueueError::Invalid`]
+    /// when the job's id is already recorded.
+    async fn submit(
+        &self,
+        job: &Job,
+        record: &RequestRecord,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted>;
+
+    /// Frees `tenant`'s idempotency key `key` if it still names request `id`: that request
+    /// ended without an answer (its client went away, or it was withdrawn), so a retry with
+    /// the key must run afresh rather than find it.
+    async fn release_idempotency_key(&self, tenant: &str, key: &str, id: Uuid) -> Result<()>;
 
     /// The record of request `id`, if it is still kept.
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>>;

@@ -76,11 +76,7 @@ mod tests {
     }
 
     fn delta(seq: u64) -> ResponseEvent {
-        ResponseEvent::Delta {
-            seq,
-            text: "x".into(),
-            token_ids: vec![1],
-        }
+        ResponseEvent::delta(seq, "x", vec![1])
     }
 
     async fn claimed(broker: &MemoryBroker, job: &Job) -> ClaimedJob {

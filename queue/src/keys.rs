@@ -78,6 +78,12 @@ impl Keys {
         format!("{}req:{id}", self.prefix)
     }
 
+    /// The first request id tenant `tenant` sent with idempotency key `key`.
+    pub fn idempotency(&self, tenant: &str, key: &str) -> String {
+        // The tenant's length keeps `a` + `b:c` apart from `a:b` + `c`.
+        format!("{}idem:{}:{tenant}:{key}", self.prefix, tenant.len())
+    }
+
     /// Heartbeat hash of one model's workers.
     pub fn workers(&self, model: &str) -> String {
         format!("{}workers:{model}", self.prefix)
@@ -108,6 +114,8 @@ mod tests {
         assert_eq!(k.cancel(id), format!("tidal:cancel:{id}"));
         assert_eq!(k.state(id), format!("tidal:state:{id}"));
         assert_eq!(k.request(id), format!("tidal:req:{id}"));
+        assert_eq!(k.idempotency("acme", "k1"), "tidal:idem:4:acme:k1");
+        assert_ne!(k.idempotency("a", "b:c"), k.idempotency("a:b", "c"));
         assert_eq!(k.workers("m"), "tidal:workers:m");
         assert_eq!(Keys::new("x:").usage(), "x:usage");
     }

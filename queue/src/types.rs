@@ -3,6 +3,7 @@
 //! Times are milliseconds since the Unix epoch; money is integer micro-units.
 
 use serde::{Deserialize, Serialize};
+use tidal_protocol::chat::TokenLogprob;
 use uuid::Uuid;
 
 /// Id of a stream entry (`<ms>-<seq>`), as Redis Streams spell it.
@@ -117,6 +118,10 @@ pub enum ResponseEvent {
         text: String,
         /// The token ids.
         token_ids: Vec<u32>,
+        /// Log-probabilities of these tokens, one entry per token, when the request asked
+        /// for them (rendered by the worker, which has the tokenizer); empty otherwise.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        logprobs: Vec<TokenLogprob>,
     },
     /// Generation finished; the last event of the stream.
     Done {
@@ -150,6 +155,16 @@ fn default_error_status() -> u16 {
 }
 
 impl ResponseEvent {
+    /// A delta without log-probabilities.
+    pub fn delta(seq: u64, text: impl Into<String>, token_ids: Vec<u32>) -> Self {
+        ResponseEvent::Delta {
+            seq,
+            text: text.into(),
+            token_ids,
+            logprobs: Vec::new(),
+        }
+    }
+
     /// The event's position in its stream.
     pub fn seq(&self) -> u64 {
         match self {
@@ -315,10 +330,36 @@ pub struct RequestRecord {
     pub endpoint: String,
     /// Whether its stream ends with a usage chunk.
     pub include_usage: bool,
+    /// Whether its chunks carry log-probabilities.
+    #[serde(default)]
+    pub logprobs: bool,
+    /// The idempotency key it was sent with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Digest of the request as sent (endpoint and body), kept when it came with an
+    /// idempotency key: a retry with that key must send the same request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
     /// After this instant (ms since the epoch) an unstarted job never runs (0: no deadline).
     pub deadline_ms: u64,
     /// When it was accepted (ms since the epoch).
     pub created_at_ms: u64,
+}
+
+/// What [`crate::Broker::submit`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    /// The job was enqueued at this entry and its record kept.
+    Enqueued(EntryId),
+    /// The tenant already used this idempotency key: nothing was enqueued. `id` is the first
+    /// request's; `record` its record, or `None` once that request was delivered in full
+    /// (or stopped) and forgotten.
+    Duplicate {
+        /// The first request's id.
+        id: Uuid,
+        /// The first request's record, while it is kept.
+        record: Option<RequestRecord>,
+    },
 }
 
 #[cfg(test)]
@@ -326,11 +367,7 @@ mod tests {
     use super::*;
 
     fn delta(seq: u64, text: &str, ids: &[u32]) -> ResponseEvent {
-        ResponseEvent::Delta {
-            seq,
-            text: text.into(),
-            token_ids: ids.to_vec(),
-        }
+        ResponseEvent::delta(seq, text, ids.to_vec())
     }
 
     #[test]

@@ -49,4 +49,5 @@ suite!(
     keep_alive_prevents_takeover,
     cancel_flags_in_one_call,
     request_records,
+    idempotent_submits,
 );

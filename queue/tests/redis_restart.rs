@@ -140,11 +140,7 @@ async fn broker_recovers_after_a_redis_restart() {
     let got = eventually(|| b.claim(m, "w1", 1, Duration::from_millis(100))).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].job.id, j.id);
-    let ev = ResponseEvent::Delta {
-        seq: 1,
-        text: "a".into(),
-        token_ids: vec![1],
-    };
+    let ev = ResponseEvent::delta(1, "a", vec![1]);
     b.append_response(j.id, &ev).await.unwrap();
     assert_eq!(
         b.read_responses(j.id, 0, 10, Duration::from_millis(100))

@@ -3,6 +3,7 @@ pub mod bench;
 pub mod engine;
 pub mod kv_cache;
 pub mod load;
+pub mod logprobs;
 pub mod model;
 pub mod sampling;
 pub mod scheduler;

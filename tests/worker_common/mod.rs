@@ -293,6 +293,7 @@ pub async fn wait_settled(broker: &dyn Broker) {
     }
 }
 
+#[allow(unused_imports)] // not every test crate that shares this module reads usage
 pub use tidal_queue::testing::drain_usage as usage_events;
 
 fn deltas(events: &[ResponseEvent]) -> (Vec<u32>, String) {

@@ -5,16 +5,17 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use tidal_protocol::render::Endpoint;
 
-use super::{body_error, RequestId};
+use super::{body_error, RequestId, REQUEST_ID_HEADER};
 use crate::admission::{submit, Accepted};
 use crate::error::Reject;
 use crate::gateway::Shared;
+use crate::respond::StreamShape;
 use crate::{auth, respond};
 
 async fn complete(
@@ -26,15 +27,42 @@ async fn complete(
 ) -> Result<Response, Reject> {
     let body = body.map_err(body_error)?;
     let Accepted {
+        id: request_id,
         tracked,
         meta,
         stream,
         include_usage,
+        logprobs,
     } = submit(&shared, id.0, endpoint, &headers, &body).await?;
-    if stream {
-        respond::stream(tracked, meta, include_usage, true).await
+    let answer = if stream {
+        let shape = StreamShape {
+            include_usage,
+            logprobs,
+            role_chunk: true,
+            text_before: 0,
+        };
+        respond::stream(tracked, meta, shape).await
     } else {
-        respond::collect(tracked, meta).await
+        respond::collect(tracked, meta, logprobs).await
+    };
+    // A retry under a used idempotency key answers as the first request.
+    with_request_id(answer, request_id)
+}
+
+fn with_request_id(answer: Result<Response, Reject>, id: uuid::Uuid) -> Result<Response, Reject> {
+    let Ok(v) = HeaderValue::from_str(&id.to_string()) else {
+        return answer;
+    };
+    match answer {
+        Ok(mut resp) => {
+            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+            Ok(resp)
+        }
+        Err(reject) => {
+            let mut resp = reject.into_response();
+            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+            Ok(resp)
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! shape of the original endpoint's chunks, whether or not the original asked for one.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -14,12 +15,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use tidal_protocol::render::{Endpoint, ResponseMeta};
 use tidal_protocol::ApiError;
+use tidal_queue::ResponseEvent;
 use uuid::Uuid;
 
 use super::REQUEST_ID_HEADER;
 use crate::error::Reject;
 use crate::gateway::Shared;
 use crate::relay::Tracked;
+use crate::respond::StreamShape;
 use crate::{auth, respond};
 
 #[derive(Debug, Default, Deserialize)]
@@ -50,6 +53,29 @@ fn after_seq(q: &EventsQuery, headers: &HeaderMap) -> Result<u64, Reject> {
                 .map_err(|_| ApiError::invalid("Last-Event-ID", "not visible ASCII"))?,
         ),
     }
+}
+
+/// Text bytes of request `id`'s deltas up to and including event `last`.
+async fn text_through(shared: &Shared, id: Uuid, last: u64) -> Result<usize, Reject> {
+    let mut len = 0;
+    let mut after = 0;
+    while after < last {
+        let max = usize::try_from(last - after).unwrap_or(usize::MAX).min(256);
+        let events = shared
+            .broker
+            .read_responses(id, after, max, Duration::ZERO)
+            .await?;
+        let Some(newest) = events.last().map(ResponseEvent::seq) else {
+            break;
+        };
+        for ev in events.iter().filter(|e| e.seq() <= last) {
+            if let ResponseEvent::Delta { text, .. } = ev {
+                len += text.len();
+            }
+        }
+        after = newest;
+    }
+    Ok(len)
 }
 
 pub(super) async fn events(
@@ -93,14 +119,27 @@ pub(super) async fn events(
             rec.entry_id,
             rec.deadline_ms,
             after,
-        );
+        )
+        .with_idempotency_key(rec.idempotency_key);
         let meta = ResponseMeta::new(
             endpoint,
             &id.simple().to_string(),
             rec.created_at_ms / 1000,
             rec.model,
         );
-        let mut resp = respond::stream(tracked, meta, rec.include_usage, after == 0).await?;
+        // Only legacy completions' log-probabilities need the text before `after`.
+        let text_before = if rec.logprobs && endpoint == Endpoint::Completion && after > 0 {
+            text_through(&shared, id, after).await?
+        } else {
+            0
+        };
+        let shape = StreamShape {
+            include_usage: rec.include_usage,
+            logprobs: rec.logprobs,
+            role_chunk: after == 0,
+            text_before,
+        };
+        let mut resp = respond::stream(tracked, meta, shape).await?;
         if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
             resp.headers_mut().insert(REQUEST_ID_HEADER, v);
         }

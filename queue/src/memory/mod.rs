@@ -20,7 +20,7 @@ use crate::error::{QueueError, Result};
 use crate::metrics::{self as m, count};
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
-    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
+    Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use stream::{GroupStream, StreamId};
 
@@ -48,6 +48,8 @@ struct State {
     responses: HashMap<Uuid, RespStream>,
     /// Request records with their expiry.
     requests: HashMap<Uuid, (RequestRecord, u64)>,
+    /// (tenant, idempotency key) → first request id, with expiry.
+    idempotency: HashMap<(String, String), (Uuid, u64)>,
     usage: GroupStream<UsageEvent>,
     workers: HashMap<String, BTreeMap<String, WorkerHeartbeat>>,
     models: BTreeMap<String, ModelRecord>,
@@ -82,6 +84,25 @@ impl State {
         self.cancels.retain(|_, exp| *exp > now);
         self.responses.retain(|_, r| r.expires_at_ms > now);
         self.requests.retain(|_, (_, exp)| *exp > now);
+        self.idempotency.retain(|_, (_, exp)| *exp > now);
+    }
+
+    fn request(&self, id: Uuid, now: u64) -> Option<RequestRecord> {
+        self.requests
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(r, _)| r.clone())
+    }
+
+    fn add_job(&mut self, job: &Job, now: u64) -> StreamId {
+        self.enqueues += 1;
+        if self.enqueues.is_multiple_of(SWEEP_EVERY) {
+            self.sweep(now);
+        }
+        self.jobs
+            .entry((job.model.clone(), job.resume.is_some()))
+            .or_default()
+            .add(now, job.clone())
     }
 
     /// The start gate (module docs of [`crate::broker`]): whether the delivered entry may
@@ -191,17 +212,7 @@ impl MemoryBroker {
 impl Broker for MemoryBroker {
     async fn enqueue(&self, job: &Job) -> Result<EntryId> {
         let now = self.now();
-        let id = {
-            let mut st = self.lock();
-            st.enqueues += 1;
-            if st.enqueues.is_multiple_of(SWEEP_EVERY) {
-                st.sweep(now);
-            }
-            st.jobs
-                .entry((job.model.clone(), job.resume.is_some()))
-                .or_default()
-                .add(now, job.clone())
-        };
+        let id = self.lock().add_job(job, now);
         count(m::ENQUEUED, &job.model, 1);
         self.changed.notify_waiters();
         Ok(id.to_string())
@@ -438,25 +449,59 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
+    async fn submit(
+        &self,
+        job: &Job,
+        record: &RequestRecord,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted> {
         let now = self.now();
         let exp = now + Self::ttl_ms(self.config.request_ttl);
+        let entry = {
+            let mut st = self.lock();
+            let idem = idempotency_key.map(|k| (job.tenant.clone(), k.to_owned()));
+            if let Some(&(first, _)) = idem
+                .as_ref()
+                .and_then(|k| st.idempotency.get(k))
+                .filter(|(_, e)| *e > now)
+            {
+                return Ok(Submitted::Duplicate {
+                    id: first,
+                    record: st.request(first, now),
+                });
+            }
+            if st.request(record.id, now).is_some() {
+                return Err(duplicate_request(record.id));
+            }
+            let entry = st.add_job(job, now).to_string();
+            let mut kept = record.clone();
+            kept.entry_id = entry.clone();
+            st.requests.insert(record.id, (kept, exp));
+            if let Some(k) = idem {
+                st.idempotency.insert(k, (record.id, exp));
+            }
+            entry
+        };
+        count(m::ENQUEUED, &job.model, 1);
+        self.changed.notify_waiters();
+        Ok(Submitted::Enqueued(entry))
+    }
+
+    async fn release_idempotency_key(&self, tenant: &str, key: &str, id: Uuid) -> Result<()> {
         let mut st = self.lock();
-        if st.requests.get(&record.id).is_some_and(|(_, e)| *e > now) {
-            return Err(duplicate_request(record.id));
+        let k = (tenant.to_owned(), key.to_owned());
+        if st
+            .idempotency
+            .get(&k)
+            .is_some_and(|(first, _)| *first == id)
+        {
+            st.idempotency.remove(&k);
         }
-        st.requests.insert(record.id, (record.clone(), exp));
         Ok(())
     }
 
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>> {
-        let now = self.now();
-        let st = self.lock();
-        Ok(st
-            .requests
-            .get(&id)
-            .filter(|(_, exp)| *exp > now)
-            .map(|(r, _)| r.clone()))
+        Ok(self.lock().request(id, self.now()))
     }
 
     async fn forget_request(&self, id: Uuid) -> Result<bool> {

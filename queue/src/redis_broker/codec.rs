@@ -24,7 +24,7 @@ impl Entry {
     }
 }
 
-fn malformed(what: &'static str, detail: impl Into<String>) -> QueueError {
+pub(crate) fn malformed(what: &'static str, detail: impl Into<String>) -> QueueError {
     QueueError::Malformed {
         what,
         detail: detail.into(),

@@ -21,10 +21,11 @@ use crate::keys::{Keys, BILLING_GROUP, WORKERS_GROUP};
 use crate::metrics::{self as m, count};
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
-    UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
+    Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use codec::{
-    autoclaim_reply, int, items, job_fields, job_from_entry, json_field, read_reply, string, Entry,
+    autoclaim_reply, int, items, job_fields, job_from_entry, json_field, malformed, read_reply,
+    string, Entry,
 };
 use pool::BlockingPool;
 use scripts::Scripts;
@@ -555,17 +556,62 @@ impl Broker for RedisBroker {
         Ok(())
     }
 
-    async fn record_request(&self, record: &RequestRecord) -> Result<()> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.keys.request(record.id))
-            .arg(serde_json::to_string(record)?)
-            .arg("NX")
-            .arg("PX")
-            .arg(ms(self.config.request_ttl).max(1));
-        match self.query::<Option<String>>(&cmd).await? {
-            Some(_) => Ok(()),
-            None => Err(duplicate_request(record.id)),
+    async fn submit(
+        &self,
+        job: &Job,
+        record: &RequestRecord,
+        idempotency_key: Option<&str>,
+    ) -> Result<Submitted> {
+        let blank = RequestRecord {
+            entry_id: String::new(),
+            ..record.clone()
+        };
+        let mut c = self.conn.clone();
+        let mut inv = self
+            .scripts
+            .submit
+            .key(self.keys.job_stream(&job.model, job.resume.is_some()));
+        inv.key(self.keys.request(record.id));
+        inv.key(
+            self.keys
+                .idempotency(&job.tenant, idempotency_key.unwrap_or("")),
+        );
+        inv.arg(serde_json::to_string(&blank)?)
+            .arg(ms(self.config.request_ttl).max(1))
+            .arg(u8::from(idempotency_key.is_some()))
+            .arg(record.id.to_string());
+        for (k, v) in job_fields(job)? {
+            inv.arg(k).arg(v);
         }
+        let (status, value): (i64, String) = inv.invoke_async(&mut c).await?;
+        match status {
+            1 => {
+                count(m::ENQUEUED, &job.model, 1);
+                Ok(Submitted::Enqueued(value))
+            }
+            0 => {
+                let id = Uuid::parse_str(&value).map_err(|_| {
+                    malformed("idempotency key", format!("not a request id: {value}"))
+                })?;
+                Ok(Submitted::Duplicate {
+                    id,
+                    record: self.request(id).await?,
+                })
+            }
+            _ => Err(duplicate_request(record.id)),
+        }
+    }
+
+    async fn release_idempotency_key(&self, tenant: &str, key: &str, id: Uuid) -> Result<()> {
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .delete_if
+            .key(self.keys.idempotency(tenant, key))
+            .arg(id.to_string())
+            .invoke_async(&mut c)
+            .await?;
+        Ok(())
     }
 
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>> {

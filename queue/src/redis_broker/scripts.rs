@@ -65,6 +65,34 @@ redis.call('XDEL', KEYS[1], ARGV[1])
 return id
 "#;
 
+/// Submit a new request. KEYS: jobs stream, request record, idempotency key.
+/// ARGV: record JSON (with `"entry_id":""`), ttl_ms, use the idempotency key (0/1), request
+/// id, field, value, ... Returns `{1, entry}` when enqueued; `{0, first id}` when the key
+/// was used before (nothing enqueued); `{2, ''}` when the request id is already recorded.
+/// The record is spliced as text: a JSON string holds no unescaped quote, so the first
+/// `"entry_id":""` is the field itself.
+const SUBMIT: &str = r#"
+if ARGV[3] == '1' then
+  local first = redis.call('GET', KEYS[3])
+  if first then return {0, first} end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {2, ''} end
+local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+local slot = '"entry_id":""'
+local at = string.find(ARGV[1], slot, 1, true)
+if not at then return redis.error_reply('record without an empty entry_id') end
+local rec = string.sub(ARGV[1], 1, at - 1) .. '"entry_id":"' .. entry .. '"' .. string.sub(ARGV[1], at + #slot)
+redis.call('SET', KEYS[2], rec, 'PX', ARGV[2])
+if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2]) end
+return {1, entry}
+"#;
+
+/// Delete KEYS[1] if it holds ARGV[1].
+const DELETE_IF: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"#;
+
 /// Keep-alive. KEYS: a jobs stream. ARGV: consumer, entry, entry, ...
 /// Returns one 1/0 per entry: 1 when it was pending for the consumer (its idle time now
 /// restarts; `JUSTID` leaves the delivery count alone), 0 when someone else holds it or it
@@ -138,6 +166,8 @@ pub(crate) struct Scripts {
     pub withdraw: Script,
     pub ack: Script,
     pub requeue: Script,
+    pub submit: Script,
+    pub delete_if: Script,
     pub keep_alive: Script,
     pub append: Script,
     pub depth: Script,
@@ -150,6 +180,8 @@ impl Scripts {
             withdraw: Script::new(WITHDRAW),
             ack: Script::new(&format!("{OWNED}{ACK}")),
             requeue: Script::new(&format!("{OWNED}{REQUEUE}")),
+            submit: Script::new(SUBMIT),
+            delete_if: Script::new(DELETE_IF),
             keep_alive: Script::new(KEEP_ALIVE),
             append: Script::new(APPEND),
             depth: Script::new(DEPTH),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tidal_queue::{
     Broker, CapacityType, ClaimedJob, FinishReason, Job, ModelRecord, ModelState, Prices,
-    QueueError, RequestRecord, ResponseEvent, Resume, Usage, UsageEvent, Withdrawal,
+    QueueError, RequestRecord, ResponseEvent, Resume, Submitted, Usage, UsageEvent, Withdrawal,
     WorkerHeartbeat,
 };
 use uuid::Uuid;
@@ -34,11 +34,7 @@ fn job(h: &dyn Harness, model: &str) -> Job {
 }
 
 fn delta(seq: u64, text: &str, ids: &[u32]) -> ResponseEvent {
-    ResponseEvent::Delta {
-        seq,
-        text: text.into(),
-        token_ids: ids.to_vec(),
-    }
+    ResponseEvent::delta(seq, text, ids.to_vec())
 }
 
 fn done(seq: u64) -> ResponseEvent {
@@ -789,31 +785,69 @@ pub async fn cancel_flags_in_one_call(h: &dyn Harness) {
     );
 }
 
-/// A request record reads back whole until forgotten or expired; an id is recorded once.
-pub async fn request_records(h: &dyn Harness) {
-    let b = h.broker();
-    let rec = |id: Uuid| RequestRecord {
-        id,
-        tenant: "acme".into(),
-        model: model(),
-        entry_id: "1-0".into(),
+/// The record of job `j` as the gateway writes it (the broker fills in the entry id).
+fn record_of(h: &dyn Harness, j: &Job) -> RequestRecord {
+    RequestRecord {
+        id: j.id,
+        tenant: j.tenant.clone(),
+        model: j.model.clone(),
+        entry_id: String::new(),
         endpoint: "chat".into(),
         include_usage: true,
-        deadline_ms: h.now_ms() + 60_000,
+        logprobs: false,
+        idempotency_key: None,
+        fingerprint: Some("f1".into()),
+        deadline_ms: j.deadline_ms,
         created_at_ms: h.now_ms(),
-    };
-    let (kept, forgotten) = (rec(Uuid::now_v7()), rec(Uuid::now_v7()));
+    }
+}
+
+fn enqueued(s: Submitted) -> String {
+    match s {
+        Submitted::Enqueued(entry) => entry,
+        other => panic!("expected a new entry, got {other:?}"),
+    }
+}
+
+/// A submitted request's job is claimable and its record reads back whole, with the job's
+/// entry, until forgotten or expired; an id is recorded once.
+pub async fn request_records(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let (kept, forgotten) = (job(h, &m), job(h, &m));
     assert_eq!(b.request(kept.id).await.unwrap(), None);
-    b.record_request(&kept).await.unwrap();
-    b.record_request(&forgotten).await.unwrap();
-    assert_eq!(b.request(kept.id).await.unwrap(), Some(kept.clone()));
-    let again = b.record_request(&rec(kept.id)).await.unwrap_err();
+    let entry = enqueued(b.submit(&kept, &record_of(h, &kept), None).await.unwrap());
+    enqueued(
+        b.submit(&forgotten, &record_of(h, &forgotten), None)
+            .await
+            .unwrap(),
+    );
+    let want = RequestRecord {
+        entry_id: entry.clone(),
+        ..record_of(h, &kept)
+    };
+    let got = b.request(kept.id).await.unwrap().unwrap();
+    assert_eq!(
+        RequestRecord {
+            created_at_ms: want.created_at_ms,
+            ..got.clone()
+        },
+        want
+    );
+    let again = b
+        .submit(&kept, &record_of(h, &kept), None)
+        .await
+        .unwrap_err();
     assert!(matches!(again, QueueError::Invalid(_)), "{again:?}");
     assert_eq!(
         b.request(kept.id).await.unwrap(),
-        Some(kept.clone()),
+        Some(got.clone()),
         "unchanged"
     );
+    let claimed = b.claim(&m, "w", 10, NO_WAIT).await.unwrap();
+    let entries: Vec<&str> = claimed.iter().map(|c| c.entry_id.as_str()).collect();
+    assert_eq!(claimed.len(), 2, "the refused duplicate enqueued nothing");
+    assert!(entries.contains(&entry.as_str()));
 
     b.append_response(forgotten.id, &delta(1, "a", &[1]))
         .await
@@ -829,10 +863,108 @@ pub async fn request_records(h: &dyn Harness) {
         stream.is_empty(),
         "the response stream goes with the record"
     );
-    assert_eq!(b.request(kept.id).await.unwrap(), Some(kept.clone()));
+    assert_eq!(b.request(kept.id).await.unwrap(), Some(got));
 
     h.advance(REQUEST_TTL + Duration::from_millis(100)).await;
     assert_eq!(b.request(kept.id).await.unwrap(), None, "expired");
     assert!(!b.forget_request(kept.id).await.unwrap());
-    b.record_request(&kept).await.unwrap();
+}
+
+/// With an idempotency key, a tenant's second submit enqueues nothing and names the first
+/// request (with its record while kept); the key is per tenant and lives `request_ttl`.
+pub async fn idempotent_submits(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let first = job(h, &m);
+    let entry = enqueued(
+        b.submit(&first, &record_of(h, &first), Some("k1"))
+            .await
+            .unwrap(),
+    );
+    let retry = job(h, &m);
+    match b
+        .submit(&retry, &record_of(h, &retry), Some("k1"))
+        .await
+        .unwrap()
+    {
+        Submitted::Duplicate { id, record } => {
+            assert_eq!(id, first.id);
+            let record = record.expect("the first request's record");
+            assert_eq!(
+                (record.id, record.entry_id.as_str()),
+                (first.id, entry.as_str())
+            );
+        }
+        other => panic!("a retry must not enqueue: {other:?}"),
+    }
+    assert_eq!(
+        b.request(retry.id).await.unwrap(),
+        None,
+        "the retry is not recorded"
+    );
+    // Another key, another tenant with the same key, and no key at all: new requests.
+    let other_key = job(h, &m);
+    enqueued(
+        b.submit(&other_key, &record_of(h, &other_key), Some("k2"))
+            .await
+            .unwrap(),
+    );
+    let other_tenant = Job {
+        tenant: "globex".into(),
+        ..job(h, &m)
+    };
+    enqueued(
+        b.submit(&other_tenant, &record_of(h, &other_tenant), Some("k1"))
+            .await
+            .unwrap(),
+    );
+    let keyless = job(h, &m);
+    enqueued(
+        b.submit(&keyless, &record_of(h, &keyless), None)
+            .await
+            .unwrap(),
+    );
+    let claimed = b.claim(&m, "w", 10, NO_WAIT).await.unwrap();
+    let ids: HashSet<Uuid> = claimed.iter().map(|c| c.job.id).collect();
+    let want: HashSet<Uuid> = [first.id, other_key.id, other_tenant.id, keyless.id].into();
+    assert_eq!(ids, want, "exactly one job per key and tenant");
+
+    // Delivered and forgotten: the key still names the first request, without a record.
+    b.forget_request(first.id).await.unwrap();
+    let again = job(h, &m);
+    assert_eq!(
+        b.submit(&again, &record_of(h, &again), Some("k1"))
+            .await
+            .unwrap(),
+        Submitted::Duplicate {
+            id: first.id,
+            record: None
+        }
+    );
+    // Released only by the request it names; then a retry runs afresh.
+    b.release_idempotency_key("acme", "k1", again.id)
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.submit(&again, &record_of(h, &again), Some("k1"))
+            .await
+            .unwrap(),
+        Submitted::Duplicate { .. }
+    ));
+    b.release_idempotency_key("acme", "k1", first.id)
+        .await
+        .unwrap();
+    enqueued(
+        b.submit(&again, &record_of(h, &again), Some("k1"))
+            .await
+            .unwrap(),
+    );
+    // After `request_ttl` a key is free again.
+    let late = job(h, &m);
+    h.advance(REQUEST_TTL + Duration::from_millis(100)).await;
+    enqueued(
+        b.submit(&late, &record_of(h, &late), Some("k2"))
+            .await
+            .unwrap(),
+    );
 }

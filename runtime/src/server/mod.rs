@@ -6,7 +6,6 @@
 
 mod error;
 mod handlers;
-mod logprobs;
 pub(crate) mod prepare;
 mod respond;
 

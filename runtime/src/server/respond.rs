@@ -7,7 +7,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
-use tidal_protocol::completion::CompletionLogprobs;
 use tidal_protocol::render::{PieceLogprobs, ResponseMeta};
 use tidal_protocol::usage::Usage;
 use tidal_protocol::ApiError;
@@ -15,8 +14,9 @@ use tidal_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::prepare::ResponseShape;
-use super::{logprobs, HttpError, LoadedModel, ServerState};
+use super::{HttpError, LoadedModel, ServerState};
 use crate::engine::{FinishReason, GenerationEvent, TokenLogprob, Usage as EngineUsage};
+use crate::logprobs;
 
 pub use tidal_protocol::render::Endpoint;
 
@@ -79,14 +79,11 @@ impl Ctx {
         if !self.shape.logprobs {
             return None;
         }
-        Some(match self.meta.endpoint {
-            Endpoint::Chat => PieceLogprobs::Chat(logprobs::chat(&self.tokenizer, items)),
-            Endpoint::Completion => {
-                let mut lp = CompletionLogprobs::default();
-                logprobs::completion(&self.tokenizer, items, offset, &mut lp);
-                PieceLogprobs::Completion(lp)
-            }
-        })
+        Some(PieceLogprobs::new(
+            self.meta.endpoint,
+            logprobs::render(&self.tokenizer, items),
+            offset,
+        ))
     }
 
     /// A whole response (`usage` given) or a stream chunk (`usage` none) of this endpoint.

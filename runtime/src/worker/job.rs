@@ -22,6 +22,7 @@ use super::registry::{Control, HeldGuard};
 use super::segment::{Runner, Segment};
 use super::{takeover, Shared};
 use crate::engine::{self, EngineError, GenerationEvent};
+use crate::logprobs;
 use crate::server::prepare::{self, Prepared};
 use crate::server::LoadedModel;
 
@@ -55,6 +56,7 @@ pub(crate) async fn run(
 struct Batch {
     text: String,
     token_ids: Vec<u32>,
+    logprobs: Vec<engine::TokenLogprob>,
     terminal: Option<GenerationEvent>,
 }
 
@@ -62,10 +64,13 @@ impl Batch {
     fn absorb(&mut self, event: GenerationEvent) {
         match event {
             GenerationEvent::Delta {
-                text, token_ids, ..
+                text,
+                token_ids,
+                logprobs,
             } => {
                 self.text.push_str(&text);
                 self.token_ids.extend(token_ids);
+                self.logprobs.extend(logprobs);
             }
             terminal => self.terminal = Some(terminal),
         }
@@ -174,7 +179,9 @@ impl<'a> JobRun<'a> {
                 }
             }
             if batch.has_delta() {
-                let event = self.seg.delta(batch.text, batch.token_ids);
+                let logprobs =
+                    logprobs::render(self.shared.model.engine.tokenizer(), &batch.logprobs);
+                let event = self.seg.delta(batch.text, batch.token_ids, logprobs);
                 match io::append(self.shared, self.claimed.job.id, &event).await {
                     Appended::Written => self.seg.written(&event),
                     Appended::Lost => return self.lost(),

@@ -8,6 +8,7 @@
 //! it delivered (on `done`, the engine's count, which includes the end-of-generation token
 //! that is never shown); a resumed segment bills no prompt (the re-prefill is our cost).
 
+use tidal_protocol::chat::TokenLogprob;
 use tidal_queue::{
     CapacityType, ClaimedJob, FinishReason, ResponseEvent, Resume, Usage, UsageEvent,
 };
@@ -87,11 +88,17 @@ impl Segment {
     }
 
     /// The next delta event (not yet written).
-    pub fn delta(&self, text: String, token_ids: Vec<u32>) -> ResponseEvent {
+    pub fn delta(
+        &self,
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    ) -> ResponseEvent {
         ResponseEvent::Delta {
             seq: self.next_seq,
             text,
             token_ids,
+            logprobs,
         }
     }
 
@@ -229,10 +236,10 @@ mod tests {
             (s.number(), s.bills_prompt(), s.is_resumed()),
             (0, true, false)
         );
-        let d = s.delta("Hel".into(), vec![1, 2]);
+        let d = s.delta("Hel".into(), vec![1, 2], vec![]);
         assert_eq!(d.seq(), 1);
         s.written(&d);
-        let d = s.delta("lo".into(), vec![3]);
+        let d = s.delta("lo".into(), vec![3], vec![]);
         assert_eq!(d.seq(), 2);
         s.written(&d);
         let usage = engine::Usage {
@@ -290,7 +297,7 @@ mod tests {
                 text_len: 5
             }
         );
-        let d = s.delta("!".into(), vec![4]);
+        let d = s.delta("!".into(), vec![4], vec![]);
         assert_eq!(d.seq(), 3);
         s.written(&d);
         let usage = engine::Usage {

@@ -147,11 +147,7 @@ mod tests {
     }
 
     fn delta(seq: u64, ids: &[u32]) -> ResponseEvent {
-        ResponseEvent::Delta {
-            seq,
-            text: "x".repeat(ids.len()),
-            token_ids: ids.to_vec(),
-        }
+        ResponseEvent::delta(seq, "x".repeat(ids.len()), ids.to_vec())
     }
 
     #[test]

@@ -958,6 +958,37 @@ async fn logprobs_reach_the_client_in_each_endpoints_shape() {
     h.stop().await;
 }
 
+/// A streaming request whose first `n` events were read when its gateway stopped (nothing
+/// cancelled), and a second gateway to reattach through: (request id, the events seen, the
+/// last event id seen, the second gateway's URL and server task).
+async fn stopped_mid_stream(
+    h: &Harness,
+    path: &str,
+    body: &str,
+    n: usize,
+) -> (Uuid, Vec<Sse>, u64, String, tokio::task::JoinHandle<()>) {
+    let r = h.post(path, Some(&h.key), body).await;
+    let id = request_id(&r);
+    let (mut events, stream) = read_events(r, n).await;
+    events.truncate(n);
+    let last_id = events.iter().filter_map(|e| e.id).max().unwrap();
+    h.gateway.detach_in_flight();
+    drop(stream);
+    let (base2, server2) = h.second_gateway().await;
+    (id, events, last_id, base2, server2)
+}
+
+/// `GET {base}/v1/requests/{id}/events` as the owner, after event `last_id`.
+async fn reattach(h: &Harness, base: &str, id: Uuid, last_id: u64) -> reqwest::Response {
+    h.http
+        .get(format!("{base}/v1/requests/{id}/events"))
+        .bearer_auth(&h.key)
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn reattached_completion_logprobs_go_on_at_the_right_offset() {
     let h = Harness::start().await;
@@ -965,21 +996,9 @@ async fn reattached_completion_logprobs_go_on_at_the_right_offset() {
     let words: Vec<String> = (0..8).map(|i| format!("w{i}")).collect();
     let text = words.join(" ");
     let body = json!({"model": MODEL, "prompt": text, "logprobs": 1, "stream": true}).to_string();
-    let r = h.post("/v1/completions", Some(&h.key), &body).await;
-    let id = request_id(&r);
-    let (events, stream) = read_events(r, 3).await;
-    let last_id = events[..3].iter().filter_map(|e| e.id).max().unwrap();
-    h.gateway.detach_in_flight();
-    drop(stream);
-    let (base2, server2) = h.second_gateway().await;
-    let r = h
-        .http
-        .get(format!("{base2}/v1/requests/{id}/events"))
-        .bearer_auth(&h.key)
-        .header("last-event-id", last_id.to_string())
-        .send()
-        .await
-        .unwrap();
+    let (id, _, last_id, base2, server2) =
+        stopped_mid_stream(&h, "/v1/completions", &body, 3).await;
+    let r = reattach(&h, &base2, id, last_id).await;
     assert_eq!(r.status(), 200);
     let rest: Vec<Value> = parse_sse(&r.text().await.unwrap())
         .iter()
@@ -1016,18 +1035,11 @@ async fn reattach_after_a_gateway_restart() {
     let w = h.worker(MODEL, 60);
     let words: Vec<String> = (0..12).map(|i| format!("w{i}")).collect();
     let expected = words.join(" ");
-    let r = h
-        .post("/v1/chat/completions", Some(&h.key), &chat(&expected, true))
-        .await;
-    let id = request_id(&r);
-    let (events, stream) = read_events(r, 4).await;
-    let seen = chunk_text(&events[..4]);
-    let last_id = events[..4].iter().filter_map(|e| e.id).max().unwrap();
-    // The first gateway goes away without cancelling.
-    h.gateway.detach_in_flight();
-    drop(stream);
-    // A second gateway over the same broker and ledger.
-    let (base2, server2) = h.second_gateway().await;
+    // The first gateway goes away without cancelling; a second one over the same broker and
+    // ledger takes over.
+    let (id, events, last_id, base2, server2) =
+        stopped_mid_stream(&h, "/v1/chat/completions", &chat(&expected, true), 4).await;
+    let seen = chunk_text(&events);
     let url = format!("{base2}/v1/requests/{id}/events");
     // Another tenant, a malformed id and an unknown id: 404.
     let r = h.http.get(&url).bearer_auth(&h.key_b).send().await.unwrap();
@@ -1061,14 +1073,7 @@ async fn reattach_after_a_gateway_restart() {
     let r = h.http.get(&url).send().await.unwrap();
     error(r, 401).await;
     // The owner resumes after the last event it saw.
-    let r = h
-        .http
-        .get(&url)
-        .bearer_auth(&h.key)
-        .header("last-event-id", last_id.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = reattach(&h, &base2, id, last_id).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["x-request-id"].to_str().unwrap(),

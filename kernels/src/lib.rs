@@ -16,6 +16,7 @@ pub mod attention;
 pub mod cuda;
 pub mod kv_cache;
 pub mod norm;
+mod prefetch;
 pub mod quant;
 pub mod rope;
 mod simd;

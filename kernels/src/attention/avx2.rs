@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::{GroupArgs, Rows, Scratch};
 use crate::kv_cache::elem::KvElem;
+use crate::prefetch;
 
 /// Attention of the group of query heads sharing one KV head, for one query token.
 ///
@@ -50,7 +51,11 @@ pub(super) unsafe fn attend_group<E: KvElem>(
             .map(move |(first, blk)| (first, blk, bs.min(ctx - first)))
     };
 
-    for (first, blk, n) in blocks() {
+    let mut k_blocks = blocks().peekable();
+    while let Some((first, blk, n)) = k_blocks.next() {
+        if let Some(&(_, next, n_next)) = k_blocks.peek() {
+            prefetch_rows(&k, next, kvh, n_next, d);
+        }
         // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
         let (base, stride) = unsafe { widen(&k, blk, kvh, n, d, rows) };
         for g in 0..group {
@@ -82,7 +87,11 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     }
 
     out_g.fill(0.0);
-    for (first, blk, n) in blocks() {
+    let mut v_blocks = blocks().peekable();
+    while let Some((first, blk, n)) = v_blocks.next() {
+        if let Some(&(_, next, n_next)) = v_blocks.peek() {
+            prefetch_rows(&v, next, kvh, n_next, d);
+        }
         // SAFETY: as for K.
         let (base, stride) = unsafe { widen(&v, blk, kvh, n, d, rows) };
         for g in 0..group {
@@ -97,6 +106,28 @@ pub(super) unsafe fn attend_group<E: KvElem>(
                 }
             }
         }
+    }
+}
+
+/// Prefetches the `n` rows of KV head `kvh` in block `blk` (the next block to read: the
+/// blocks of a sequence are scattered, so the hardware prefetcher cannot follow them).
+#[inline(always)]
+fn prefetch_rows<E: KvElem>(
+    cache: &Rows<'_, E>,
+    blk: usize,
+    kvh: usize,
+    n: usize,
+    d: &super::Dims,
+) {
+    let size = std::mem::size_of::<E>();
+    let kv_width = d.n_kv_heads * d.head_dim;
+    let at0 = (blk * d.block_size * d.n_kv_heads + kvh) * d.head_dim;
+    let base = cache.values.as_ptr() as *const u8;
+    for o in 0..n {
+        prefetch::range(
+            base.wrapping_add((at0 + o * kv_width) * size),
+            d.head_dim * size,
+        );
     }
 }
 

@@ -12,8 +12,9 @@
 
 use std::arch::x86_64::*;
 
-use super::format::{Format, CHAINS};
+use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
 use super::matmul::{OutCols, XRow};
+use crate::prefetch;
 
 /// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`.
 ///
@@ -106,6 +107,11 @@ unsafe fn dot<F: Format, const R: usize, const VNNI: bool>(
         let mut acc = [_mm_setzero_ps(); R];
         let mut b = 0;
         while b + CHAINS <= nb {
+            // The next cache lines of the weight stream (past the row's end: the next row).
+            prefetch::lines(
+                wr.as_ptr().wrapping_add(b * F::BLOCK_BYTES + WEIGHTS_AHEAD),
+                3,
+            );
             step::<F, R, VNNI>(wr, b, CHAINS, &xs, &mut acc);
             b += CHAINS;
         }

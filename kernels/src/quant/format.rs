@@ -23,6 +23,11 @@ use super::q4_1::{f16_at, QK};
 /// Accumulation chains per output (see the module docs).
 pub(crate) const CHAINS: usize = 4;
 
+/// How far ahead of the block being multiplied the kernels prefetch the weight stream
+/// ([`crate::prefetch`]): 1 KiB, 30 Q8_0 or 51 Q4_1 blocks, which the 2-core machines of
+/// docs/benchmarks.md needed to keep decode's loads from waiting on memory.
+pub(crate) const WEIGHTS_AHEAD: usize = 1024;
+
 /// Which of the formats: the public name of a [`Format`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantType {

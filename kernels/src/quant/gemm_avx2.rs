@@ -17,9 +17,10 @@
 
 use std::arch::x86_64::*;
 
-use super::format::{Format, CHAINS};
+use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
 use super::matmul::OutCols;
 use super::panel::{PanelBlock, PANEL_ROWS};
+use crate::prefetch;
 
 /// Panels per tile: the tile's activations (64 rows · k bytes and scales) stay in L2 while
 /// every weight row of a task passes over them.
@@ -189,6 +190,7 @@ unsafe fn block<F: Format, const P: usize, const VNNI: bool>(
     {
         // SAFETY: block b is inside wr.
         let wb = unsafe { wr.as_ptr().add(b * F::BLOCK_BYTES) };
+        prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), 1);
         // SAFETY: features and bounds by contract.
         let (q, (d, m)) = unsafe { (F::unpack(wb), F::scales_f16c(wb)) };
         // Groups 0..4 live in the low 128 bits, 4..8 in the high: copy each half to both.

@@ -26,9 +26,10 @@
 
 use std::arch::x86_64::*;
 
-use super::format::{Format, CHAINS};
+use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
 use super::matmul::OutCols;
 use super::panel16::{Panel16Block, PANEL16_ROWS};
+use crate::prefetch;
 
 /// Activation bytes per tile: every weight row of a task passes over the tile's panels, so
 /// they should stay in L1 (about two thirds of a 48 KiB L1 data cache, leaving room for the
@@ -214,6 +215,7 @@ unsafe fn prepare_row<F: Format>(wr: &[u8], b: usize, count: usize, prep: &mut P
     // prep (q: 4 · 32 bytes, 64-byte aligned; d and m: 4 floats, 16-byte aligned).
     unsafe {
         let wb = wr.as_ptr().add(b * F::BLOCK_BYTES);
+        prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), 3);
         for c in 0..count {
             let q = F::unpack(wb.add(c * F::BLOCK_BYTES));
             // vpdpbusd multiplies unsigned by signed bytes: Q8_0's q go in as q + 128, and

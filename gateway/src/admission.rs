@@ -1,7 +1,13 @@
 //! From an HTTP request to an enqueued job: auth → body checks → budget and rate limits →
-//! model lookup → backlog cap → enqueue and record the owner. Every refusal is an OpenAI
-//! error ([`Reject`]): 401, 400, 402, 429 (+ Retry-After), 404 `model_not_found`,
-//! 503 (+ Retry-After) for a full backlog or an unreachable queue.
+//! model lookup → backlog cap → one atomic submit (enqueue, owner record, idempotency key).
+//! Every refusal is an OpenAI error ([`Reject`]): 401, 400, 402, 429 (+ Retry-After),
+//! 404 `model_not_found`, 503 (+ Retry-After) for a full backlog or an unreachable queue.
+//!
+//! A request sent with an `Idempotency-Key` the tenant already used enqueues nothing: while
+//! the first request is kept (running, queued, or waiting for a reader after its gateway
+//! died) the retry follows it and answers as it would have; once it was answered, 409
+//! `idempotency_key_reused`; with another body or endpoint, 422 `idempotency_key_mismatch`.
+//! A request that ends without an answer frees its key ([`crate::relay`]).
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -6,7 +6,8 @@
 //! `Finished` after the terminal event was delivered, or after the request was withdrawn or
 //! given up. Dropping a [`Tracked`] that is not `Finished` (client disconnected: hyper drops
 //! the handler future or the SSE body) withdraws the job if it has not started, else sets
-//! its cancel flag; either way its records go. When the gateway is stopping
+//! its cancel flag; either way its records go and its idempotency key (if any) is freed, so
+//! a retry runs afresh. When the gateway is stopping
 //! ([`crate::Gateway::detach_in_flight`]) nothing is cancelled: the client may reattach.
 
 use std::collections::VecDeque;

@@ -55,9 +55,16 @@ pub struct Engine {
     config: EngineConfig,
     stats: Arc<Mutex<SchedulerStats>>,
     capacity_tokens: usize,
+    weight_bytes: usize,
 }
 
 impl Engine {
+    /// Bytes of weight matrices one decode step reads (as loaded: after any re-quantisation,
+    /// so not the file's size).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
     /// Allocates the KV memory and starts the engine thread.
     pub fn start(
         model: Model,
@@ -74,6 +81,7 @@ impl Engine {
                 config.kv_bytes_per_token(&model_config)
             )));
         }
+        let weight_bytes = model.weight_bytes();
         let executor = executor::Executor::new(model, &config, num_blocks)?;
         tracing::info!(
             device = %config.device,
@@ -109,6 +117,7 @@ impl Engine {
             model_config,
             tokenizer,
             capacity_tokens: num_blocks * config.block_size,
+            weight_bytes,
             config,
             stats,
         })

@@ -126,8 +126,8 @@ impl Tracked {
                         metrics::queue_wait(&self.model, self.since.elapsed());
                         metrics::withdrawn(&self.model);
                         tracing::info!(model = %self.model, "max queue wait passed; job withdrawn");
-                        self.finish();
-                        self.release_key();
+                        // Ended without an answer: a retry with its key runs afresh.
+                        self.end(true);
                         return Err(Reject::retry(
                             ApiError::unavailable(format!(
                                 "No worker of model `{}` started this request within its maximum queue wait; it was withdrawn and will not run. Retry later.",
@@ -224,38 +224,35 @@ impl Tracked {
         Ok(())
     }
 
-    /// The request ended normally (terminal event delivered, or withdrawn): forget its
-    /// response stream and record in the background (one broker call; both also expire).
+    /// The request ended with its answer delivered: forget its response stream and record
+    /// in the background (one broker call; both also expire). Its idempotency key stays, so
+    /// a late retry is refused rather than run again.
     pub fn finish(&mut self) {
+        self.end(false);
+    }
+
+    /// Ends the request: in the background, frees its idempotency key when `release_key`
+    /// (it ended without an answer), then forgets it.
+    fn end(&mut self, release_key: bool) {
         if self.phase == Phase::Finished {
             return;
         }
         self.phase = Phase::Finished;
         metrics::in_flight(-1.0);
+        let key = release_key.then(|| self.key_to_release()).flatten();
         let (shared, id) = (self.shared.clone(), self.id);
         tokio::spawn(async move {
+            release(&shared, id, key).await;
             if let Err(e) = shared.broker.forget_request(id).await {
-                tracing::debug!(error = %e, %id, "forgetting a delivered request failed (its keys expire)");
+                tracing::debug!(error = %e, %id, "forgetting a request failed (its keys expire)");
             }
         });
     }
 
-    /// Frees the request's idempotency key (it ends without an answer: a retry runs
-    /// afresh), in the background.
-    fn release_key(&self) {
-        let Some(key) = self.idempotency_key.clone() else {
-            return;
-        };
-        let (shared, id, tenant) = (self.shared.clone(), self.id, self.tenant.clone());
-        tokio::spawn(async move {
-            if let Err(e) = shared
-                .broker
-                .release_idempotency_key(&tenant, &key, id)
-                .await
-            {
-                tracing::warn!(error = %e, %id, "releasing an idempotency key failed (it expires)");
-            }
-        });
+    /// (tenant, key) of the request's idempotency key, if it was sent with one.
+    fn key_to_release(&self) -> Option<(String, String)> {
+        let key = self.idempotency_key.clone()?;
+        Some((self.tenant.clone(), key))
     }
 
     /// Stops the request (client gone, or given up): withdraw it if it has not started,
@@ -267,10 +264,13 @@ impl Tracked {
         let queued = self.phase == Phase::Queued;
         self.phase = Phase::Finished;
         metrics::in_flight(-1.0);
-        self.release_key();
+        let key = self.key_to_release();
         let shared = self.shared.clone();
         let (id, model, entry) = (self.id, self.model.clone(), self.entry.clone());
         tokio::spawn(async move {
+            // Before the record goes: the broker frees a key only while its request's record
+            // is kept (one answered through another reader keeps its key).
+            release(&shared, id, key).await;
             let started = if queued {
                 match shared.broker.withdraw(&model, id, &entry).await {
                     Ok(Withdrawal::Withdrawn) => {
@@ -295,6 +295,21 @@ impl Tracked {
             let _ = shared.broker.forget_request(id).await;
             tracing::info!(%id, started, "client gone; job stopped");
         });
+    }
+}
+
+/// Frees `key` (tenant, idempotency key) if it still names request `id` and that request
+/// is still recorded.
+async fn release(shared: &Shared, id: Uuid, key: Option<(String, String)>) {
+    let Some((tenant, key)) = key else {
+        return;
+    };
+    if let Err(e) = shared
+        .broker
+        .release_idempotency_key(&tenant, &key, id)
+        .await
+    {
+        tracing::warn!(error = %e, %id, "releasing an idempotency key failed (it expires)");
     }
 }
 

@@ -162,9 +162,11 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
         idempotency_key: Option<&str>,
     ) -> Result<Submitted>;
 
-    /// Frees `tenant`'s idempotency key `key` if it still names request `id`: that request
-    /// ended without an answer (its client went away, or it was withdrawn), so a retry with
-    /// the key must run afresh rather than find it.
+    /// Frees `tenant`'s idempotency key `key` if it still names request `id` and that
+    /// request's record is still kept: the request ended without an answer (its client went
+    /// away, or it was withdrawn), so a retry with the key must run afresh rather than find
+    /// it. A request whose record is gone was answered (through another reader, say) and
+    /// keeps its key.
     async fn release_idempotency_key(&self, tenant: &str, key: &str, id: Uuid) -> Result<()>;
 
     /// The record of request `id`, if it is still kept.

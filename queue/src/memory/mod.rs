@@ -488,12 +488,15 @@ impl Broker for MemoryBroker {
     }
 
     async fn release_idempotency_key(&self, tenant: &str, key: &str, id: Uuid) -> Result<()> {
+        let now = self.now();
         let mut st = self.lock();
         let k = (tenant.to_owned(), key.to_owned());
-        if st
-            .idempotency
-            .get(&k)
-            .is_some_and(|(first, _)| *first == id)
+        let recorded = st.request(id, now).is_some();
+        if recorded
+            && st
+                .idempotency
+                .get(&k)
+                .is_some_and(|(first, _)| *first == id)
         {
             st.idempotency.remove(&k);
         }

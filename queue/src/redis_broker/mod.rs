@@ -606,8 +606,9 @@ impl Broker for RedisBroker {
         let mut c = self.conn.clone();
         let _: i64 = self
             .scripts
-            .delete_if
+            .release_key
             .key(self.keys.idempotency(tenant, key))
+            .key(self.keys.request(id))
             .arg(id.to_string())
             .invoke_async(&mut c)
             .await?;

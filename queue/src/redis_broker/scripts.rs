@@ -87,9 +87,12 @@ if ARGV[3] == '1' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[2]) end
 return {1, entry}
 "#;
 
-/// Delete KEYS[1] if it holds ARGV[1].
-const DELETE_IF: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+/// Release an idempotency key. KEYS: the key, the request's record. ARGV: request id.
+/// Deletes the key if it names the request and the record is still kept.
+const RELEASE_KEY: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] and redis.call('EXISTS', KEYS[2]) == 1 then
+  return redis.call('DEL', KEYS[1])
+end
 return 0
 "#;
 
@@ -167,7 +170,7 @@ pub(crate) struct Scripts {
     pub ack: Script,
     pub requeue: Script,
     pub submit: Script,
-    pub delete_if: Script,
+    pub release_key: Script,
     pub keep_alive: Script,
     pub append: Script,
     pub depth: Script,
@@ -181,7 +184,7 @@ impl Scripts {
             ack: Script::new(&format!("{OWNED}{ACK}")),
             requeue: Script::new(&format!("{OWNED}{REQUEUE}")),
             submit: Script::new(SUBMIT),
-            delete_if: Script::new(DELETE_IF),
+            release_key: Script::new(RELEASE_KEY),
             keep_alive: Script::new(KEEP_ALIVE),
             append: Script::new(APPEND),
             depth: Script::new(DEPTH),

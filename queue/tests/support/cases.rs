@@ -929,24 +929,12 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     let want: HashSet<Uuid> = [first.id, other_key.id, other_tenant.id, keyless.id].into();
     assert_eq!(ids, want, "exactly one job per key and tenant");
 
-    // Delivered and forgotten: the key still names the first request, without a record.
-    b.forget_request(first.id).await.unwrap();
-    let again = job(h, &m);
-    assert_eq!(
-        b.submit(&again, &record_of(h, &again), Some("k1"))
-            .await
-            .unwrap(),
-        Submitted::Duplicate {
-            id: first.id,
-            record: None
-        }
-    );
-    // Released only by the request it names; then a retry runs afresh.
-    b.release_idempotency_key("acme", "k1", again.id)
+    // Released only by the request it names, and only while that request is recorded.
+    b.release_idempotency_key("acme", "k1", retry.id)
         .await
         .unwrap();
     assert!(matches!(
-        b.submit(&again, &record_of(h, &again), Some("k1"))
+        b.submit(&retry, &record_of(h, &retry), Some("k1"))
             .await
             .unwrap(),
         Submitted::Duplicate { .. }
@@ -954,10 +942,27 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     b.release_idempotency_key("acme", "k1", first.id)
         .await
         .unwrap();
+    let fresh = job(h, &m);
     enqueued(
+        b.submit(&fresh, &record_of(h, &fresh), Some("k1"))
+            .await
+            .unwrap(),
+    );
+    // Answered and forgotten: the key still names that request, without a record, and can
+    // no longer be released (a late retry must not run it again).
+    b.forget_request(fresh.id).await.unwrap();
+    b.release_idempotency_key("acme", "k1", fresh.id)
+        .await
+        .unwrap();
+    let again = job(h, &m);
+    assert_eq!(
         b.submit(&again, &record_of(h, &again), Some("k1"))
             .await
             .unwrap(),
+        Submitted::Duplicate {
+            id: fresh.id,
+            record: None
+        }
     );
     // After `request_ttl` a key is free again.
     let late = job(h, &m);

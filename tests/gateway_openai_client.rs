@@ -7,11 +7,11 @@
 mod process;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use process::{free_port, tidal_json as tidal, KillOnDrop};
+use process::tidal_json as tidal;
 use tidal_gateway::fake_worker::{FakeWorker, FakeWorkerConfig};
 use tidal_queue::testing::ensure_redis;
 use tidal_queue::{Broker, BrokerConfig, ModelRecord, ModelState, Prices, RedisBroker};
@@ -89,35 +89,7 @@ async fn official_openai_client_against_tidal_gateway() {
         .unwrap();
     let worker = FakeWorker::spawn(broker.clone(), FakeWorkerConfig::new(MODEL, "py-w"));
 
-    let port = free_port();
-    let gateway = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args([
-                "gateway",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--redis",
-                &redis,
-                "--database",
-                &db,
-                "--key-prefix",
-                &prefix,
-            ])
-            .env("TIDAL_ADMIN_TOKEN", "adm")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if reqwest::get(format!("{base}/health")).await.is_ok() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "gateway did not come up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (gateway, base) = process::start_gateway(&redis, &prefix, &db).await;
 
     let out = tokio::process::Command::new(venv.join("bin/python"))
         .arg(format!("{ROOT}/scripts/openai_client_check.py"))

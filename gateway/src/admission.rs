@@ -19,15 +19,15 @@ use tidal_protocol::error::parse_json;
 use tidal_protocol::job::JobRequest;
 use tidal_protocol::render::{Endpoint, ResponseMeta};
 use tidal_protocol::ApiError;
-use tidal_queue::{Job, RequestRecord, Submitted};
+use tidal_queue::{Idempotency, Job, RequestRecord, Submitted};
 use uuid::Uuid;
 
-use crate::auth;
 use crate::error::Reject;
 use crate::gateway::Shared;
 use crate::limits::{window::retry_after_secs, Admission};
 use crate::metrics;
 use crate::relay::Tracked;
+use crate::{auth, respond};
 
 /// An accepted request: its job is in the queue.
 pub(crate) struct Accepted {
@@ -113,7 +113,8 @@ fn same_request(
             format!("Request {first}, sent with this Idempotency-Key, was already answered; use a new key for a new request."),
         )
     })?;
-    if kept.fingerprint != retry.fingerprint {
+    let print = |r: &RequestRecord| r.idempotency.as_ref().map(|i| i.fingerprint.clone());
+    if print(&kept) != print(retry) {
         return Err(ApiError::new(
             422,
             Some("idempotency_key_mismatch".into()),
@@ -218,16 +219,14 @@ pub(crate) async fn submit(
         endpoint: endpoint.as_str().to_owned(),
         include_usage,
         logprobs,
-        fingerprint: idempotency.as_ref().map(|_| fingerprint(endpoint, body)),
-        idempotency_key: idempotency.clone(),
+        idempotency: idempotency.map(|key| Idempotency {
+            key,
+            fingerprint: fingerprint(endpoint, body),
+        }),
         deadline_ms,
         created_at_ms: now_ms,
     };
-    let record = match shared
-        .broker
-        .submit(&job, &record, idempotency.as_deref())
-        .await?
-    {
+    let record = match shared.broker.submit(&job, &record).await? {
         Submitted::Enqueued(entry) => RequestRecord {
             entry_id: entry,
             ..record
@@ -243,23 +242,9 @@ pub(crate) async fn submit(
     };
     // From here on the job exists: dropping `tracked` (an error below, or the client going
     // away) withdraws or cancels it.
-    let tracked = Tracked::new(
-        shared.clone(),
-        record.id,
-        record.tenant,
-        record.model.clone(),
-        record.entry_id,
-        record.deadline_ms,
-        0,
-    )
-    .with_idempotency_key(record.idempotency_key);
+    let tracked = Tracked::new(shared.clone(), &record, 0);
     tracing::debug!(stream, "enqueued");
-    let meta = ResponseMeta::new(
-        endpoint,
-        &record.id.simple().to_string(),
-        record.created_at_ms / 1000,
-        record.model,
-    );
+    let meta = respond::response_meta(endpoint, &record);
     Ok(Accepted {
         id: record.id,
         tracked,

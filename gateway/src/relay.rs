@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tidal_protocol::ApiError;
-use tidal_queue::{EntryId, ResponseEvent, Withdrawal};
+use tidal_queue::{EntryId, RequestRecord, ResponseEvent, Withdrawal};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -53,40 +53,25 @@ pub(crate) struct Tracked {
 }
 
 impl Tracked {
-    /// Follows request `id`, whose job sits at `entry` of `model`'s stream, from after
+    /// Follows the request of `record` (its job at `record.entry_id`), from after
     /// `after_seq`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        shared: Arc<Shared>,
-        id: Uuid,
-        tenant: String,
-        model: String,
-        entry: EntryId,
-        deadline_ms: u64,
-        after_seq: u64,
-    ) -> Self {
+    pub fn new(shared: Arc<Shared>, record: &RequestRecord, after_seq: u64) -> Self {
         metrics::in_flight(1.0);
         let now = Instant::now();
         Tracked {
             shared,
-            id,
-            tenant,
-            model,
-            entry,
-            deadline_ms,
+            id: record.id,
+            tenant: record.tenant.clone(),
+            model: record.model.clone(),
+            entry: record.entry_id.clone(),
+            deadline_ms: record.deadline_ms,
             phase: Phase::Queued,
             last_seq: after_seq,
             buf: VecDeque::new(),
-            idempotency_key: None,
+            idempotency_key: record.idempotency.as_ref().map(|i| i.key.clone()),
             since: now,
             last_event: now,
         }
-    }
-
-    /// Sets the idempotency key the request was sent with.
-    pub fn with_idempotency_key(mut self, key: Option<String>) -> Self {
-        self.idempotency_key = key;
-        self
     }
 
     /// The gateway state this request belongs to.

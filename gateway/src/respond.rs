@@ -21,14 +21,24 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
-use tidal_protocol::render::{PieceLogprobs, ResponseMeta};
+use tidal_protocol::render::{Endpoint, PieceLogprobs, ResponseMeta};
 use tidal_protocol::usage::Usage;
 use tidal_protocol::ApiError;
-use tidal_queue::{FinishReason, ResponseEvent};
+use tidal_queue::{FinishReason, RequestRecord, ResponseEvent};
 use tracing::Instrument;
 
 use crate::error::Reject;
 use crate::relay::Tracked;
+
+/// What every body of a response to the request of `record` shares.
+pub(crate) fn response_meta(endpoint: Endpoint, record: &RequestRecord) -> ResponseMeta {
+    ResponseMeta::new(
+        endpoint,
+        &record.id.simple().to_string(),
+        record.created_at_ms / 1000,
+        record.model.clone(),
+    )
+}
 
 fn finish_str(f: FinishReason) -> &'static str {
     match f {

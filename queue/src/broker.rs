@@ -150,17 +150,12 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// new entry) until `request_ttl` passes or [`Broker::forget_request`], in one atomic
     /// step: a gateway that dies at any point leaves either both or neither.
     ///
-    /// With `idempotency_key`, the first call for (tenant, key) does the above and keeps the
-    /// key for `request_ttl`; every later call enqueues nothing and answers
+    /// With `record.idempotency`, the first call for (tenant, key) does the above and keeps
+    /// the key for `request_ttl`; every later call enqueues nothing and answers
     /// [`Submitted::Duplicate`] with the first request (a client retrying after a lost
     /// connection reattaches to it instead of running it twice). [`QueueError::Invalid`]
     /// when the job's id is already recorded.
-    async fn submit(
-        &self,
-        job: &Job,
-        record: &RequestRecord,
-        idempotency_key: Option<&str>,
-    ) -> Result<Submitted>;
+    async fn submit(&self, job: &Job, record: &RequestRecord) -> Result<Submitted>;
 
     /// Frees `tenant`'s idempotency key `key` if it still names request `id` and that
     /// request's record is still kept: the request ended without an answer (its client went

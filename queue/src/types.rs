@@ -335,15 +335,21 @@ pub struct RequestRecord {
     pub logprobs: bool,
     /// The idempotency key it was sent with, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<String>,
-    /// Digest of the request as sent (endpoint and body), kept when it came with an
-    /// idempotency key: a retry with that key must send the same request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fingerprint: Option<String>,
+    pub idempotency: Option<Idempotency>,
     /// After this instant (ms since the epoch) an unstarted job never runs (0: no deadline).
     pub deadline_ms: u64,
     /// When it was accepted (ms since the epoch).
     pub created_at_ms: u64,
+}
+
+/// The `Idempotency-Key` a request was sent with (one job per tenant and key).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Idempotency {
+    /// The key, as the client sent it.
+    pub key: String,
+    /// Digest of the request as sent (endpoint and body): a retry under the key must send
+    /// the same request.
+    pub fingerprint: String,
 }
 
 /// What [`crate::Broker::submit`] did.

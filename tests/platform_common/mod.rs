@@ -4,12 +4,9 @@
 
 #![allow(dead_code)]
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use tidal_queue::{Broker, ModelRecord, ModelState, Prices};
 
-use crate::process::{free_port, tidal_json, KillOnDrop};
+use crate::process::{tidal_json, KillOnDrop};
 use crate::worker_common::{Queue, MODEL_ID};
 
 pub struct Platform {
@@ -41,34 +38,7 @@ pub async fn publish(broker: &dyn Broker, max_queue_wait_ms: u64) {
 
 /// A gateway process over `queue` and ledger `db`, once healthy: its base URL.
 pub async fn start_gateway(queue: &Queue, db: &str) -> (KillOnDrop, String) {
-    let port = free_port();
-    let gateway = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--redis",
-                &queue.url,
-                "--database",
-                db,
-                "--key-prefix",
-                &queue.prefix,
-            ])
-            .args(["--cache-ttl-ms", "200"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !reqwest::get(format!("{base}/health"))
-        .await
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "gateway never became healthy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (gateway, base)
+    crate::process::start_gateway(&queue.url, &queue.prefix, db).await
 }
 
 /// A gateway process on a fresh Redis prefix and ledger, with the model's record published.

@@ -73,3 +73,37 @@ where
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A `tidal gateway` process over Redis `redis_url` (keys under `prefix`) and ledger `db`,
+/// once its `/health` answers: the process and its base URL.
+pub async fn start_gateway(redis_url: &str, prefix: &str, db: &str) -> (KillOnDrop, String) {
+    let port = free_port();
+    let gateway = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tidal"))
+            .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--redis",
+                redis_url,
+                "--database",
+                db,
+                "--key-prefix",
+                prefix,
+            ])
+            .args(["--cache-ttl-ms", "200"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let health = format!("{base}/health");
+    eventually("the gateway healthy", Duration::from_secs(60), || {
+        let health = health.clone();
+        async move {
+            let r = reqwest::get(health).await.ok()?;
+            r.status().is_success().then_some(())
+        }
+    })
+    .await;
+    (gateway, base)
+}

@@ -5,13 +5,13 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use tidal_protocol::render::Endpoint;
 
-use super::{body_error, RequestId, REQUEST_ID_HEADER};
+use super::{answered_as, body_error, RequestId};
 use crate::admission::{submit, Accepted};
 use crate::error::Reject;
 use crate::gateway::Shared;
@@ -46,24 +46,10 @@ async fn complete(
         respond::collect(tracked, meta, logprobs).await
     };
     // A retry under a used idempotency key answers as the first request.
-    with_request_id(answer, request_id)
-}
-
-fn with_request_id(answer: Result<Response, Reject>, id: uuid::Uuid) -> Result<Response, Reject> {
-    let Ok(v) = HeaderValue::from_str(&id.to_string()) else {
-        return answer;
-    };
-    match answer {
-        Ok(mut resp) => {
-            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-            Ok(resp)
-        }
-        Err(reject) => {
-            let mut resp = reject.into_response();
-            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-            Ok(resp)
-        }
-    }
+    Ok(answered_as(
+        answer.unwrap_or_else(IntoResponse::into_response),
+        request_id,
+    ))
 }
 
 /// `POST /v1/chat/completions`.

@@ -166,6 +166,16 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
 }
 
 /// A body extractor's rejection (too large, unreadable) as an OpenAI error.
+/// `resp` labelled as request `id`'s: a reattach, or a retry under a used idempotency key,
+/// answers as the request it follows (the middleware adds the new request's own id only where
+/// no id is set).
+pub(crate) fn answered_as(mut resp: Response, id: Uuid) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    resp
+}
+
 pub(crate) fn body_error(e: axum::extract::rejection::BytesRejection) -> Reject {
     let status = e.status().as_u16();
     let status = if (400..500).contains(&status) {

@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use tidal_protocol::render::{Endpoint, ResponseMeta};
+use tidal_protocol::render::Endpoint;
 use tidal_protocol::ApiError;
-use tidal_queue::ResponseEvent;
+use tidal_queue::Resume;
 use uuid::Uuid;
 
-use super::REQUEST_ID_HEADER;
+use super::answered_as;
 use crate::error::Reject;
 use crate::gateway::Shared;
 use crate::relay::Tracked;
@@ -55,27 +55,15 @@ fn after_seq(q: &EventsQuery, headers: &HeaderMap) -> Result<u64, Reject> {
     }
 }
 
-/// Text bytes of request `id`'s deltas up to and including event `last`.
+/// Text bytes of request `id`'s deltas up to and including event `last` (seqs run 1, 2, ...,
+/// so they are its first `last` events).
 async fn text_through(shared: &Shared, id: Uuid, last: u64) -> Result<usize, Reject> {
-    let mut len = 0;
-    let mut after = 0;
-    while after < last {
-        let max = usize::try_from(last - after).unwrap_or(usize::MAX).min(256);
-        let events = shared
-            .broker
-            .read_responses(id, after, max, Duration::ZERO)
-            .await?;
-        let Some(newest) = events.last().map(ResponseEvent::seq) else {
-            break;
-        };
-        for ev in events.iter().filter(|e| e.seq() <= last) {
-            if let ResponseEvent::Delta { text, .. } = ev {
-                len += text.len();
-            }
-        }
-        after = newest;
-    }
-    Ok(len)
+    let count = usize::try_from(last).unwrap_or(usize::MAX);
+    let events = shared
+        .broker
+        .read_responses(id, 0, count, Duration::ZERO)
+        .await?;
+    Ok(usize::try_from(Resume::from_events(&events).text_len).unwrap_or(usize::MAX))
 }
 
 pub(super) async fn events(
@@ -111,22 +99,8 @@ pub(super) async fn events(
         tracing::Span::current().record("tenant", principal.tenant.as_str());
         tracing::Span::current().record("model", rec.model.as_str());
         tracing::info!(request = %id, after, "client reattached");
-        let tracked = Tracked::new(
-            shared.clone(),
-            id,
-            rec.tenant,
-            rec.model.clone(),
-            rec.entry_id,
-            rec.deadline_ms,
-            after,
-        )
-        .with_idempotency_key(rec.idempotency_key);
-        let meta = ResponseMeta::new(
-            endpoint,
-            &id.simple().to_string(),
-            rec.created_at_ms / 1000,
-            rec.model,
-        );
+        let tracked = Tracked::new(shared.clone(), &rec, after);
+        let meta = respond::response_meta(endpoint, &rec);
         // Only legacy completions' log-probabilities need the text before `after`.
         let text_before = if rec.logprobs && endpoint == Endpoint::Completion && after > 0 {
             text_through(&shared, id, after).await?
@@ -139,11 +113,8 @@ pub(super) async fn events(
             role_chunk: after == 0,
             text_before,
         };
-        let mut resp = respond::stream(tracked, meta, shape).await?;
-        if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
-            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
-        }
-        Ok::<_, Reject>(resp)
+        let resp = respond::stream(tracked, meta, shape).await?;
+        Ok::<_, Reject>(answered_as(resp, id))
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -151,6 +122,7 @@ pub(super) async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
 
     fn q(after: Option<&str>) -> EventsQuery {
         EventsQuery {

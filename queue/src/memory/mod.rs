@@ -449,17 +449,15 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn submit(
-        &self,
-        job: &Job,
-        record: &RequestRecord,
-        idempotency_key: Option<&str>,
-    ) -> Result<Submitted> {
+    async fn submit(&self, job: &Job, record: &RequestRecord) -> Result<Submitted> {
         let now = self.now();
         let exp = now + Self::ttl_ms(self.config.request_ttl);
         let entry = {
             let mut st = self.lock();
-            let idem = idempotency_key.map(|k| (job.tenant.clone(), k.to_owned()));
+            let idem = record
+                .idempotency
+                .as_ref()
+                .map(|i| (job.tenant.clone(), i.key.clone()));
             if let Some(&(first, _)) = idem
                 .as_ref()
                 .and_then(|k| st.idempotency.get(k))

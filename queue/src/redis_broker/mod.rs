@@ -556,12 +556,8 @@ impl Broker for RedisBroker {
         Ok(())
     }
 
-    async fn submit(
-        &self,
-        job: &Job,
-        record: &RequestRecord,
-        idempotency_key: Option<&str>,
-    ) -> Result<Submitted> {
+    async fn submit(&self, job: &Job, record: &RequestRecord) -> Result<Submitted> {
+        let idempotency_key = record.idempotency.as_ref().map(|i| i.key.as_str());
         let blank = RequestRecord {
             entry_id: String::new(),
             ..record.clone()

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidal_queue::{
-    Broker, CapacityType, ClaimedJob, FinishReason, Job, ModelRecord, ModelState, Prices,
-    QueueError, RequestRecord, ResponseEvent, Resume, Submitted, Usage, UsageEvent, Withdrawal,
-    WorkerHeartbeat,
+    Broker, CapacityType, ClaimedJob, FinishReason, Idempotency, Job, ModelRecord, ModelState,
+    Prices, QueueError, RequestRecord, ResponseEvent, Resume, Submitted, Usage, UsageEvent,
+    Withdrawal, WorkerHeartbeat,
 };
 use uuid::Uuid;
 
@@ -795,10 +795,20 @@ fn record_of(h: &dyn Harness, j: &Job) -> RequestRecord {
         endpoint: "chat".into(),
         include_usage: true,
         logprobs: false,
-        idempotency_key: None,
-        fingerprint: Some("f1".into()),
+        idempotency: None,
         deadline_ms: j.deadline_ms,
         created_at_ms: h.now_ms(),
+    }
+}
+
+/// [`record_of`] sent with idempotency key `key`.
+fn keyed(h: &dyn Harness, j: &Job, key: &str) -> RequestRecord {
+    RequestRecord {
+        idempotency: Some(Idempotency {
+            key: key.into(),
+            fingerprint: "f1".into(),
+        }),
+        ..record_of(h, j)
     }
 }
 
@@ -816,9 +826,9 @@ pub async fn request_records(h: &dyn Harness) {
     let m = model();
     let (kept, forgotten) = (job(h, &m), job(h, &m));
     assert_eq!(b.request(kept.id).await.unwrap(), None);
-    let entry = enqueued(b.submit(&kept, &record_of(h, &kept), None).await.unwrap());
+    let entry = enqueued(b.submit(&kept, &record_of(h, &kept)).await.unwrap());
     enqueued(
-        b.submit(&forgotten, &record_of(h, &forgotten), None)
+        b.submit(&forgotten, &record_of(h, &forgotten))
             .await
             .unwrap(),
     );
@@ -834,10 +844,7 @@ pub async fn request_records(h: &dyn Harness) {
         },
         want
     );
-    let again = b
-        .submit(&kept, &record_of(h, &kept), None)
-        .await
-        .unwrap_err();
+    let again = b.submit(&kept, &record_of(h, &kept)).await.unwrap_err();
     assert!(matches!(again, QueueError::Invalid(_)), "{again:?}");
     assert_eq!(
         b.request(kept.id).await.unwrap(),
@@ -876,17 +883,9 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     let b = h.broker();
     let m = model();
     let first = job(h, &m);
-    let entry = enqueued(
-        b.submit(&first, &record_of(h, &first), Some("k1"))
-            .await
-            .unwrap(),
-    );
+    let entry = enqueued(b.submit(&first, &keyed(h, &first, "k1")).await.unwrap());
     let retry = job(h, &m);
-    match b
-        .submit(&retry, &record_of(h, &retry), Some("k1"))
-        .await
-        .unwrap()
-    {
+    match b.submit(&retry, &keyed(h, &retry, "k1")).await.unwrap() {
         Submitted::Duplicate { id, record } => {
             assert_eq!(id, first.id);
             let record = record.expect("the first request's record");
@@ -905,7 +904,7 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     // Another key, another tenant with the same key, and no key at all: new requests.
     let other_key = job(h, &m);
     enqueued(
-        b.submit(&other_key, &record_of(h, &other_key), Some("k2"))
+        b.submit(&other_key, &keyed(h, &other_key, "k2"))
             .await
             .unwrap(),
     );
@@ -914,16 +913,12 @@ pub async fn idempotent_submits(h: &dyn Harness) {
         ..job(h, &m)
     };
     enqueued(
-        b.submit(&other_tenant, &record_of(h, &other_tenant), Some("k1"))
+        b.submit(&other_tenant, &keyed(h, &other_tenant, "k1"))
             .await
             .unwrap(),
     );
     let keyless = job(h, &m);
-    enqueued(
-        b.submit(&keyless, &record_of(h, &keyless), None)
-            .await
-            .unwrap(),
-    );
+    enqueued(b.submit(&keyless, &record_of(h, &keyless)).await.unwrap());
     let claimed = b.claim(&m, "w", 10, NO_WAIT).await.unwrap();
     let ids: HashSet<Uuid> = claimed.iter().map(|c| c.job.id).collect();
     let want: HashSet<Uuid> = [first.id, other_key.id, other_tenant.id, keyless.id].into();
@@ -934,20 +929,14 @@ pub async fn idempotent_submits(h: &dyn Harness) {
         .await
         .unwrap();
     assert!(matches!(
-        b.submit(&retry, &record_of(h, &retry), Some("k1"))
-            .await
-            .unwrap(),
+        b.submit(&retry, &keyed(h, &retry, "k1")).await.unwrap(),
         Submitted::Duplicate { .. }
     ));
     b.release_idempotency_key("acme", "k1", first.id)
         .await
         .unwrap();
     let fresh = job(h, &m);
-    enqueued(
-        b.submit(&fresh, &record_of(h, &fresh), Some("k1"))
-            .await
-            .unwrap(),
-    );
+    enqueued(b.submit(&fresh, &keyed(h, &fresh, "k1")).await.unwrap());
     // Answered and forgotten: the key still names that request, without a record, and can
     // no longer be released (a late retry must not run it again).
     b.forget_request(fresh.id).await.unwrap();
@@ -956,9 +945,7 @@ pub async fn idempotent_submits(h: &dyn Harness) {
         .unwrap();
     let again = job(h, &m);
     assert_eq!(
-        b.submit(&again, &record_of(h, &again), Some("k1"))
-            .await
-            .unwrap(),
+        b.submit(&again, &keyed(h, &again, "k1")).await.unwrap(),
         Submitted::Duplicate {
             id: fresh.id,
             record: None
@@ -967,9 +954,5 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     // After `request_ttl` a key is free again.
     let late = job(h, &m);
     h.advance(REQUEST_TTL + Duration::from_millis(100)).await;
-    enqueued(
-        b.submit(&late, &record_of(h, &late), Some("k2"))
-            .await
-            .unwrap(),
-    );
+    enqueued(b.submit(&late, &keyed(h, &late, "k2")).await.unwrap());
 }

@@ -1,7 +1,7 @@
 //! Token sampling for one sequence: penalties, temperature, top-k / top-p / min-p, a seeded
-//! random draw keyed by the token's position, and log-probabilities of the raw logits. The pipeline follows vLLM's
-//! sampler (penalties, temperature, filters, draw); the penalties follow llama.cpp and the
-//! OpenAI API (see `penalties`).
+//! random draw keyed by the token's position, and log-probabilities of the raw logits. The
+//! pipeline follows vLLM's sampler (penalties, temperature, filters, draw); the penalties
+//! follow llama.cpp and the OpenAI API (see `penalties`).
 
 mod filters;
 mod logprobs;

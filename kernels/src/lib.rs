@@ -20,6 +20,8 @@ mod prefetch;
 pub mod quant;
 pub mod rope;
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod vexp;
 
 pub use activation::silu_mul;
 pub use attention::{paged_attention, AttentionSeq};

@@ -10,6 +10,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 use rayon::prelude::*;
 
@@ -84,7 +86,7 @@ pub fn paged_attention<'a>(
         scale,
     };
     attention(
-        simd_level_avx2(),
+        Simd::detect(),
         q,
         k_cache.into(),
         v_cache.into(),
@@ -104,9 +106,36 @@ struct Shape {
     scale: f32,
 }
 
-/// [`paged_attention`] with the SIMD level chosen by the caller (tests run both).
+/// The instruction set an attention call runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Simd {
+    Portable,
+    /// AVX2 + FMA + F16C ([`avx2`]).
+    Avx2,
+    /// AVX-512 F/VL/DQ besides those ([`avx512`], for head sizes 64 and 128; AVX2 otherwise).
+    Avx512,
+}
+
+impl Simd {
+    /// The widest level this CPU runs.
+    fn detect() -> Self {
+        if !simd_level_avx2() {
+            return Self::Portable;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512dq")
+        {
+            return Self::Avx512;
+        }
+        Self::Avx2
+    }
+}
+
+/// [`paged_attention`] with the SIMD level chosen by the caller (tests run every level).
 fn attention<'a>(
-    avx2: bool,
+    simd: Simd,
     q: &[f32],
     k_cache: KvCache<'a>,
     v_cache: KvCache<'a>,
@@ -195,7 +224,7 @@ fn attention<'a>(
         seqs,
         owner: &owner,
         dims: &dims,
-        avx2,
+        simd,
     };
     let scaled = |scales: &'a [f32]| {
         assert_eq!(
@@ -262,8 +291,8 @@ struct Call<'a> {
     seqs: &'a [AttentionSeq<'a>],
     owner: &'a [Option<(usize, usize)>],
     dims: &'a Dims,
-    /// Run the AVX2 build (the CPU supports it).
-    avx2: bool,
+    /// The build to run (the CPU supports it).
+    simd: Simd,
 }
 
 impl Call<'_> {
@@ -274,7 +303,7 @@ impl Call<'_> {
         if task == 0 {
             return;
         }
-        let avx2 = self.avx2;
+        let simd = self.simd;
         out.par_chunks_mut(task)
             .zip(self.q.par_chunks(task))
             .enumerate()
@@ -295,7 +324,14 @@ impl Call<'_> {
                     d,
                 };
                 #[cfg(target_arch = "x86_64")]
-                if avx2 {
+                if simd == Simd::Avx512 && avx512::supports(d.head_dim) {
+                    // SAFETY: AVX-512 F/VL/DQ, AVX2, FMA and F16C were detected on this CPU;
+                    // the head size is supported; sequences and blocks were validated above.
+                    unsafe { avx512::attend_group(args, scratch, out_g) };
+                    return;
+                }
+                #[cfg(target_arch = "x86_64")]
+                if simd != Simd::Portable {
                     if d.head_dim.is_multiple_of(8) {
                         // SAFETY: AVX2, FMA and F16C were detected on this CPU; the head size
                         // is a multiple of 8; sequences and blocks were validated above.
@@ -306,13 +342,13 @@ impl Call<'_> {
                     }
                     return;
                 }
-                let _ = avx2;
+                let _ = simd;
                 attend_group::<E, false>(args, &mut scratch.scores, out_g)
             });
     }
 }
 
-/// Per-worker scratch: scores (group × context) and, for the AVX2 path, one KV block of
+/// Per-worker scratch: scores (group × context) and, for the SIMD builds, one KV block of
 /// rows widened to f32.
 #[derive(Default)]
 struct Scratch {

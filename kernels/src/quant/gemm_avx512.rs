@@ -12,9 +12,9 @@
 //! m = 16 on the SmolLM2-135M shapes, the GEMM alone ran 1.75-2.3x as fast as the AVX-VNNI
 //! one (1.5x on the 49152-row LM head, which streams 30 MB of weights).
 //!
-//! A pass runs two weight rows against one panel (16 rows, the batched decode step: the
-//! rows share the activation loads) or one weight row against two panels (32 rows: the
-//! panels share the unpacked weights). The panels of a tile stay in L1 while the task's
+//! A pass runs four (then two) weight rows against one panel (16 rows, the batched decode
+//! step: the rows share the activation loads) or one weight row against two panels (32 rows:
+//! the panels share the unpacked weights). The panels of a tile stay in L1 while the task's
 //! weight rows pass over them, so the tile holds as many as fit (one at k = 1536).
 //!
 //! Every output follows the common arithmetic ([`super::format`]): the block sum is exact
@@ -26,7 +26,7 @@
 
 use std::arch::x86_64::*;
 
-use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
+use super::format::{Format, CHAINS};
 use super::matmul::OutCols;
 use super::panel16::{Panel16Block, PANEL16_ROWS};
 use crate::prefetch;
@@ -62,18 +62,37 @@ pub(super) unsafe fn gemm<F: Format>(
     let panel = |p: usize| &panels[p * nb..(p + 1) * nb];
     let tile = (TILE_BYTES / (nb * std::mem::size_of::<Panel16Block>())).clamp(1, TILE_PANELS);
     let wrow = |j: usize| &w[j * row_bytes..(j + 1) * row_bytes];
+    // Unpacked weight blocks, one per row of a pass; made once per call, not per pass.
+    let (mut prep4, mut prep2, mut prep1) = (
+        [Prepared::EMPTY; R4],
+        [Prepared::EMPTY; 2],
+        [Prepared::EMPTY; 1],
+    );
     for t0 in (0..n_panels).step_by(tile) {
         let t1 = (t0 + tile).min(n_panels);
         let mut j = 0;
         // SAFETY (all calls): features by contract; every weight row is nb blocks, every
         // panel nb blocks.
         if t1 - t0 == 1 {
-            // One panel in the tile (16 rows, the batched decode step; or large k): two
-            // weight rows per pass share its activation loads and give two independent
-            // integer sums (measured 10-20 % faster than one row). With two panels, one
-            // weight row against both measured faster than two rows against two.
+            // One panel in the tile (16 rows, the batched decode step; or large k): four
+            // weight rows per pass share its activation loads and give four independent
+            // integer sums, then two, then one.
+            while j + R4 <= rows {
+                let r = unsafe {
+                    pass::<F, R4, 1, 1>(
+                        [wrow(j), wrow(j + 1), wrow(j + 2), wrow(j + 3)],
+                        [panel(t0)],
+                        &mut prep4,
+                    )
+                };
+                for (i, ri) in r.iter().enumerate() {
+                    unsafe { store(out, m, j + i, t0, ri[0]) };
+                }
+                j += R4;
+            }
             while j + 2 <= rows {
-                let r = unsafe { pass::<F, 2, 1, 1>([wrow(j), wrow(j + 1)], [panel(t0)]) };
+                let r =
+                    unsafe { pass::<F, 2, 1, 1>([wrow(j), wrow(j + 1)], [panel(t0)], &mut prep2) };
                 unsafe {
                     store(out, m, j, t0, r[0][0]);
                     store(out, m, j + 1, t0, r[1][0]);
@@ -84,7 +103,8 @@ pub(super) unsafe fn gemm<F: Format>(
         for j in j..rows {
             let mut p = t0;
             while p + 2 <= t1 {
-                let r = unsafe { pass::<F, 1, 2, 1>([wrow(j)], [panel(p), panel(p + 1)]) };
+                let r =
+                    unsafe { pass::<F, 1, 2, 1>([wrow(j)], [panel(p), panel(p + 1)], &mut prep1) };
                 unsafe {
                     store(out, m, j, p, r[0][0]);
                     store(out, m, j, p + 1, r[0][1]);
@@ -92,12 +112,15 @@ pub(super) unsafe fn gemm<F: Format>(
                 p += 2;
             }
             if p < t1 {
-                let r = unsafe { pass::<F, 1, 1, 2>([wrow(j)], [panel(p)]) };
+                let r = unsafe { pass::<F, 1, 1, 2>([wrow(j)], [panel(p)], &mut prep1) };
                 unsafe { store(out, m, j, p, r[0][0]) };
             }
         }
     }
 }
+
+/// Weight rows per pass against a single panel.
+const R4: usize = 4;
 
 /// Writes the lanes of panel `p` that are real rows (of `m`) to column `j` of the task.
 ///
@@ -126,6 +149,15 @@ struct Prepared {
     m: [f32; CHAINS],
 }
 
+impl Prepared {
+    /// Nothing unpacked yet.
+    const EMPTY: Self = Self {
+        q: [0; 4 * 32],
+        d: [0.0; CHAINS],
+        m: [0.0; CHAINS],
+    };
+}
+
 /// `R` weight rows against `P` panels: lane `l` of result `[r][p]` is the dot product of
 /// weight row `r` with activation row `16p + l`. `S`: independent partial integer sums per
 /// output (see [`block`]).
@@ -137,22 +169,18 @@ struct Prepared {
 unsafe fn pass<F: Format, const R: usize, const P: usize, const S: usize>(
     wr: [&[u8]; R],
     panels: [&[Panel16Block]; P],
+    prep: &mut [Prepared; R],
 ) -> [[__m512; P]; R] {
     // The four accumulation chains of the common arithmetic (block b feeds chain b % 4), as
     // four separate locals so they can live in registers.
     let zero = [[_mm512_setzero_ps(); P]; R];
     let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
     let nb = wr[0].len() / F::BLOCK_BYTES;
-    let mut prep: [Prepared; R] = std::array::from_fn(|_| Prepared {
-        q: [0; 4 * 32],
-        d: [0.0; CHAINS],
-        m: [0.0; CHAINS],
-    });
     let mut b = 0;
     // SAFETY (all calls): blocks b..b + count < nb; features by contract.
     while b + CHAINS <= nb {
         unsafe {
-            let pr = prepare::<F, R>(wr, b, CHAINS, &mut prep);
+            let pr = prepare::<F, R>(wr, b, CHAINS, prep);
             block::<F, R, P, S>(pr, 0, b, &panels, &mut a0);
             block::<F, R, P, S>(pr, 1, b + 1, &panels, &mut a1);
             block::<F, R, P, S>(pr, 2, b + 2, &panels, &mut a2);
@@ -162,7 +190,7 @@ unsafe fn pass<F: Format, const R: usize, const P: usize, const S: usize>(
     }
     if b < nb {
         unsafe {
-            let pr = prepare::<F, R>(wr, b, nb - b, &mut prep);
+            let pr = prepare::<F, R>(wr, b, nb - b, prep);
             block::<F, R, P, S>(pr, 0, b, &panels, &mut a0);
             if b + 1 < nb {
                 block::<F, R, P, S>(pr, 1, b + 1, &panels, &mut a1);
@@ -195,9 +223,13 @@ unsafe fn prepare<'a, F: Format, const R: usize>(
     count: usize,
     prep: &'a mut [Prepared; R],
 ) -> &'a [Prepared; R] {
+    // A task's weight rows are contiguous, so the same block of the rows of the next pass
+    // lies R rows ahead: prefetch it there. The rows are short (612 bytes at k = 576 in
+    // Q8_0), so a fixed distance would mostly land in rows this pass already reads.
+    let ahead = R * wr[0].len();
     for (wr, prep) in wr.iter().zip(prep.iter_mut()) {
         // SAFETY: by the caller's contract.
-        unsafe { prepare_row::<F>(wr, b, count, prep) };
+        unsafe { prepare_row::<F>(wr, b, count, ahead, prep) };
     }
     // Without this the compiler forwards the stores to the loads in `block` and broadcasts
     // each group with two shuffles (vpshufd + vpbroadcastd / vshufi64x2), the port-5 work
@@ -210,12 +242,18 @@ unsafe fn prepare<'a, F: Format, const R: usize>(
 /// # Safety
 /// As [`prepare`].
 #[inline(always)]
-unsafe fn prepare_row<F: Format>(wr: &[u8], b: usize, count: usize, prep: &mut Prepared) {
+unsafe fn prepare_row<F: Format>(
+    wr: &[u8],
+    b: usize,
+    count: usize,
+    ahead: usize,
+    prep: &mut Prepared,
+) {
     // SAFETY (whole function): blocks b..b + count are inside wr; the stores stay inside
     // prep (q: 4 · 32 bytes, 64-byte aligned; d and m: 4 floats, 16-byte aligned).
     unsafe {
         let wb = wr.as_ptr().add(b * F::BLOCK_BYTES);
-        prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), 3);
+        prefetch::lines(wb.wrapping_add(ahead), 3);
         for c in 0..count {
             let q = F::unpack(wb.add(c * F::BLOCK_BYTES));
             // vpdpbusd multiplies unsigned by signed bytes: Q8_0's q go in as q + 128, and

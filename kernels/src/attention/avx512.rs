@@ -1,0 +1,267 @@
+//! The AVX-512 build of one (token, KV head) attention task, for head sizes 64 and 128: the
+//! AVX2 build's block walk ([`super::avx2`]: rows widened once per block, 8-wide softmax) with
+//! 512-bit rows and every K and V row read once for the whole group of query heads:
+//!
+//! - scores: up to three heads at a time against eight K rows, 24 accumulators; each K vector
+//!   is loaded once and multiplied into every head's sum (the AVX2 build reads it once per
+//!   head), then each sum is folded to 256 bits and the AVX2 `hadd` tree reduces eight at once;
+//! - values: the weighted sum of a block's V rows for up to four heads (two at head size 128)
+//!   stays in registers; each V row is loaded once for all of them.
+//!
+//! A head's result does not depend on which heads share its pass, nor on the batch: every sum
+//! runs in the same order for every head.
+
+use std::arch::x86_64::*;
+
+use super::avx2::{dot1, prefetch_rows, softmax, widen};
+use super::{GroupArgs, Scratch};
+use crate::kv_cache::elem::KvElem;
+
+/// Query heads scored together against one set of eight K rows.
+const SCORE_HEADS: usize = 3;
+
+/// Whether [`attend_group`] handles this head size.
+pub(super) fn supports(head_dim: usize) -> bool {
+    matches!(head_dim, 64 | 128)
+}
+
+/// Attention of the group of query heads sharing one KV head, for one query token.
+///
+/// # Safety
+/// AVX-512 F/VL/DQ, AVX2, FMA and F16C available; [`supports`] `args.d.head_dim`; the caller
+/// validated the block table and cache sizes (as `paged_attention` does).
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn attend_group<E: KvElem>(
+    args: GroupArgs<E>,
+    scratch: &mut Scratch,
+    out_g: &mut [f32],
+) {
+    let GroupArgs {
+        q_g,
+        k,
+        v,
+        seq,
+        pos,
+        kvh,
+        d,
+    } = args;
+    let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
+    debug_assert!(supports(hd));
+    let ctx = pos + 1;
+    let Scratch { scores, rows } = scratch;
+    scores.clear();
+    scores.resize(group * ctx, 0.0);
+    rows.resize(bs * hd, 0.0);
+    let n_blocks = ctx.div_ceil(bs);
+    let block = |b: usize| (b * bs, seq.block_table[b] as usize, bs.min(ctx - b * bs));
+
+    for b in 0..n_blocks {
+        let (first, blk, n) = block(b);
+        if b + 1 < n_blocks {
+            let (_, next, n_next) = block(b + 1);
+            prefetch_rows(&k, next, kvh, n_next, d);
+        }
+        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
+        let (base, stride) = unsafe { widen(&k, blk, kvh, n, d, rows) };
+        let mut g0 = 0;
+        while g0 < group {
+            let heads = SCORE_HEADS.min(group - g0);
+            let mut o = 0;
+            while o + 8 <= n {
+                let at = Scored {
+                    scores,
+                    ctx,
+                    at: first + o,
+                    scale: d.scale,
+                };
+                // SAFETY: rows o..o + 8 are readable at `stride`; each head's q is hd values;
+                // scores has 8 places from `first + o` for every head.
+                unsafe {
+                    let rows = base.add(o * stride);
+                    match heads {
+                        3 => score8::<3>(q_g, g0, hd, rows, stride, at),
+                        2 => score8::<2>(q_g, g0, hd, rows, stride, at),
+                        _ => score8::<1>(q_g, g0, hd, rows, stride, at),
+                    }
+                }
+                o += 8;
+            }
+            for o in o..n {
+                for g in g0..g0 + heads {
+                    let q = &q_g[g * hd..(g + 1) * hd];
+                    // SAFETY: row o is readable.
+                    scores[g * ctx + first + o] =
+                        unsafe { dot1(q, base.add(o * stride)) } * d.scale;
+                }
+            }
+            g0 += heads;
+        }
+    }
+
+    for s in scores.chunks_exact_mut(ctx) {
+        // SAFETY: features by contract.
+        unsafe { softmax(s) };
+    }
+
+    out_g.fill(0.0);
+    for b in 0..n_blocks {
+        let (first, blk, n) = block(b);
+        if b + 1 < n_blocks {
+            let (_, next, n_next) = block(b + 1);
+            prefetch_rows(&v, next, kvh, n_next, d);
+        }
+        // SAFETY: as for K.
+        let (base, stride) = unsafe { widen(&v, blk, kvh, n, d, rows) };
+        let weights = Weights {
+            scores,
+            ctx,
+            first,
+            n,
+        };
+        let mut g0 = 0;
+        while g0 < group {
+            // SAFETY: n rows of hd values at `stride`; out_g holds group · hd values.
+            g0 += unsafe {
+                match hd {
+                    64 => weigh_heads::<4>(&weights, g0, group, base, stride, out_g),
+                    _ => weigh_heads::<8>(&weights, g0, group, base, stride, out_g),
+                }
+            };
+        }
+    }
+}
+
+/// Where [`score8`] writes: head `g`'s 8 scores at `scores[g · ctx + at..]`, times `scale`.
+struct Scored<'a> {
+    scores: &'a mut [f32],
+    ctx: usize,
+    at: usize,
+    scale: f32,
+}
+
+/// Scores of heads `g0..g0 + H` of `q_g` against the 8 rows at `rows`, `rows + stride`, ...
+///
+/// # Safety
+/// AVX-512F/DQ and AVX2; 8 rows of `hd` (a multiple of 16) values readable; `q_g` holds heads
+/// `g0..g0 + H`; `out.scores` holds 8 values from `(g0 + h) · ctx + at` for each of them.
+#[inline(always)]
+unsafe fn score8<const H: usize>(
+    q_g: &[f32],
+    g0: usize,
+    hd: usize,
+    rows: *const f32,
+    stride: usize,
+    out: Scored<'_>,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        // acc[p][h]: row p times head h.
+        let mut acc = [[_mm512_setzero_ps(); H]; 8];
+        let q = q_g.as_ptr().add(g0 * hd);
+        for j in (0..hd).step_by(16) {
+            let mut qv = [_mm512_setzero_ps(); H];
+            for (h, x) in qv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(q.add(h * hd + j));
+            }
+            for (p, acc_p) in acc.iter_mut().enumerate() {
+                let kv = _mm512_loadu_ps(rows.add(p * stride + j));
+                for (a, qh) in acc_p.iter_mut().zip(&qv) {
+                    *a = _mm512_fmadd_ps(*qh, kv, *a);
+                }
+            }
+        }
+        for h in 0..H {
+            // 512 → 256 bits per row, then the AVX2 transpose-and-add: lane p = Σ acc[p][h].
+            let mut f = [_mm256_setzero_ps(); 8];
+            for (fp, acc_p) in f.iter_mut().zip(&acc) {
+                let a = acc_p[h];
+                *fp = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
+            }
+            let s01 = _mm256_hadd_ps(f[0], f[1]);
+            let s23 = _mm256_hadd_ps(f[2], f[3]);
+            let s45 = _mm256_hadd_ps(f[4], f[5]);
+            let s67 = _mm256_hadd_ps(f[6], f[7]);
+            let s0123 = _mm256_hadd_ps(s01, s23);
+            let s4567 = _mm256_hadd_ps(s45, s67);
+            let dots = _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(s0123, s4567),
+                _mm256_permute2f128_ps::<0x31>(s0123, s4567),
+            );
+            let dst = out.scores.as_mut_ptr().add((g0 + h) * out.ctx + out.at);
+            _mm256_storeu_ps(dst, _mm256_mul_ps(dots, _mm256_set1_ps(out.scale)));
+        }
+    }
+}
+
+/// The softmax weights of one block: `scores[g · ctx + first + o]` for its `n` rows.
+struct Weights<'a> {
+    scores: &'a [f32],
+    ctx: usize,
+    first: usize,
+    n: usize,
+}
+
+/// `out_g[g] += Σ_o w[g][o] · row_o` for as many heads from `g0` as fit in registers with a
+/// head of `16 · NV` values (`16 / NV` heads); returns how many it did.
+///
+/// # Safety
+/// AVX-512F; `w.n` rows of `16 · NV` values at `stride`; `out_g` holds `group` heads.
+#[inline(always)]
+unsafe fn weigh_heads<const NV: usize>(
+    w: &Weights<'_>,
+    g0: usize,
+    group: usize,
+    rows: *const f32,
+    stride: usize,
+    out_g: &mut [f32],
+) -> usize {
+    // SAFETY (all arms): by the caller's contract.
+    unsafe {
+        match (16 / NV).min(group - g0) {
+            4 => weigh::<NV, 4>(w, g0, rows, stride, out_g),
+            3 => weigh::<NV, 3>(w, g0, rows, stride, out_g),
+            2 => weigh::<NV, 2>(w, g0, rows, stride, out_g),
+            _ => weigh::<NV, 1>(w, g0, rows, stride, out_g),
+        }
+    }
+}
+
+/// [`weigh_heads`] for `H` heads: each row is loaded once and weighed into all of them.
+///
+/// # Safety
+/// As [`weigh_heads`], with heads `g0..g0 + H` in `out_g`.
+#[inline(always)]
+unsafe fn weigh<const NV: usize, const H: usize>(
+    w: &Weights<'_>,
+    g0: usize,
+    rows: *const f32,
+    stride: usize,
+    out_g: &mut [f32],
+) -> usize {
+    let hd = 16 * NV;
+    // SAFETY: by the caller's contract.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); NV]; H];
+        for o in 0..w.n {
+            let row = rows.add(o * stride);
+            let mut vr = [_mm512_setzero_ps(); NV];
+            for (j, x) in vr.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(row.add(16 * j));
+            }
+            for (h, acc_h) in acc.iter_mut().enumerate() {
+                let wv = _mm512_set1_ps(w.scores[(g0 + h) * w.ctx + w.first + o]);
+                for (a, x) in acc_h.iter_mut().zip(vr) {
+                    *a = _mm512_fmadd_ps(wv, x, *a);
+                }
+            }
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            let out = out_g.as_mut_ptr().add((g0 + h) * hd);
+            for (j, a) in acc_h.iter().enumerate() {
+                let p = out.add(16 * j);
+                _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), *a));
+            }
+        }
+    }
+    H
+}

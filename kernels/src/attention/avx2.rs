@@ -39,10 +39,7 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
     debug_assert!(hd.is_multiple_of(8));
     let ctx = pos + 1;
-    let Scratch { scores, rows } = scratch;
-    scores.clear();
-    scores.resize(group * ctx, 0.0);
-    rows.resize(bs * hd, 0.0);
+    let (scores, rows) = scratch.for_task(d, ctx);
     let blocks = || {
         seq.block_table
             .iter()

@@ -36,33 +36,23 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     scratch: &mut Scratch,
     out_g: &mut [f32],
 ) {
-    let GroupArgs {
-        q_g,
-        k,
-        v,
-        seq,
-        pos,
-        kvh,
-        d,
-    } = args;
+    let (q_g, d, kvh) = (args.q_g, args.d, args.kvh);
     let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
     debug_assert!(supports(hd));
-    let ctx = pos + 1;
-    let Scratch { scores, rows } = scratch;
-    scores.clear();
-    scores.resize(group * ctx, 0.0);
-    rows.resize(bs * hd, 0.0);
+    let ctx = args.pos + 1;
+    let (scores, rows) = scratch.for_task(d, ctx);
     let n_blocks = ctx.div_ceil(bs);
-    let block = |b: usize| (b * bs, seq.block_table[b] as usize, bs.min(ctx - b * bs));
+    let table = args.seq.block_table;
+    let block = |b: usize| (b * bs, table[b] as usize, bs.min(ctx - b * bs));
 
     for b in 0..n_blocks {
         let (first, blk, n) = block(b);
         if b + 1 < n_blocks {
             let (_, next, n_next) = block(b + 1);
-            prefetch_rows(&k, next, kvh, n_next, d);
+            prefetch_rows(&args.k, next, kvh, n_next, d);
         }
         // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
-        let (base, stride) = unsafe { widen(&k, blk, kvh, n, d, rows) };
+        let (base, stride) = unsafe { widen(&args.k, blk, kvh, n, d, rows) };
         let mut g0 = 0;
         while g0 < group {
             let heads = SCORE_HEADS.min(group - g0);
@@ -108,10 +98,10 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         let (first, blk, n) = block(b);
         if b + 1 < n_blocks {
             let (_, next, n_next) = block(b + 1);
-            prefetch_rows(&v, next, kvh, n_next, d);
+            prefetch_rows(&args.v, next, kvh, n_next, d);
         }
         // SAFETY: as for K.
-        let (base, stride) = unsafe { widen(&v, blk, kvh, n, d, rows) };
+        let (base, stride) = unsafe { widen(&args.v, blk, kvh, n, d, rows) };
         let weights = Weights {
             scores,
             ctx,

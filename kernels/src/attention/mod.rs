@@ -360,6 +360,17 @@ struct Scratch {
     rows: Vec<f32>,
 }
 
+impl Scratch {
+    /// Zeroed scores for the group's heads over `ctx` positions, and room for one KV block of
+    /// rows widened to f32.
+    fn for_task(&mut self, d: &Dims, ctx: usize) -> (&mut Vec<f32>, &mut Vec<f32>) {
+        self.scores.clear();
+        self.scores.resize(d.group * ctx, 0.0);
+        self.rows.resize(d.block_size * d.head_dim, 0.0);
+        (&mut self.scores, &mut self.rows)
+    }
+}
+
 /// Whether the AVX2 build of the inner loops can run here.
 pub(crate) fn simd_level_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]

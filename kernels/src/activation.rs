@@ -16,7 +16,7 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         up.len(),
         "silu_mul: gate and up differ in length"
     );
-    let avx2 = crate::attention::simd_level_avx2();
+    let avx2 = crate::cpu::avx2();
     let run = |(g, u): (&mut [f32], &[f32])| {
         #[cfg(target_arch = "x86_64")]
         if avx2 {

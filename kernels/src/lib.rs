@@ -12,6 +12,7 @@
 
 pub mod activation;
 pub mod attention;
+mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod kv_cache;

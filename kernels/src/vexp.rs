@@ -76,7 +76,7 @@ mod tests {
 
     #[test]
     fn vector_exp_matches_libm_over_the_softmax_range() {
-        if !crate::attention::simd_level_avx2() {
+        if !crate::cpu::avx2() {
             return;
         }
         let mut x = -120.0f32;

@@ -180,7 +180,19 @@ unsafe fn dot8(q: &[f32], rows: *const f32, stride: usize) -> __m256 {
                 *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows.add(p * stride + j)), *a);
             }
         }
-        // Transpose-and-add: lane p of the result is the sum of acc[p].
+        sum8(acc)
+    }
+}
+
+/// Transpose-and-add: lane `p` of the result is the sum of the lanes of `acc[p]` (one `hadd`
+/// tree for eight sums instead of a horizontal sum each).
+///
+/// # Safety
+/// AVX available.
+#[inline(always)]
+pub(super) unsafe fn sum8(acc: [__m256; 8]) -> __m256 {
+    // SAFETY: by the caller's contract.
+    unsafe {
         let s01 = _mm256_hadd_ps(acc[0], acc[1]);
         let s23 = _mm256_hadd_ps(acc[2], acc[3]);
         let s45 = _mm256_hadd_ps(acc[4], acc[5]);

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{dot1, prefetch_rows, softmax, widen};
+use super::avx2::{dot1, prefetch_rows, softmax, sum8, widen};
 use super::{GroupArgs, Scratch};
 use crate::kv_cache::elem::KvElem;
 
@@ -167,16 +167,7 @@ unsafe fn score8<const H: usize>(
                 let a = acc_p[h];
                 *fp = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps::<1>(a));
             }
-            let s01 = _mm256_hadd_ps(f[0], f[1]);
-            let s23 = _mm256_hadd_ps(f[2], f[3]);
-            let s45 = _mm256_hadd_ps(f[4], f[5]);
-            let s67 = _mm256_hadd_ps(f[6], f[7]);
-            let s0123 = _mm256_hadd_ps(s01, s23);
-            let s4567 = _mm256_hadd_ps(s45, s67);
-            let dots = _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(s0123, s4567),
-                _mm256_permute2f128_ps::<0x31>(s0123, s4567),
-            );
+            let dots = sum8(f);
             let dst = out.scores.as_mut_ptr().add((g0 + h) * out.ctx + out.at);
             _mm256_storeu_ps(dst, _mm256_mul_ps(dots, _mm256_set1_ps(out.scale)));
         }

@@ -123,14 +123,10 @@ enum Simd {
 impl Simd {
     /// The widest level this CPU runs.
     fn detect() -> Self {
-        if !simd_level_avx2() {
+        if !crate::cpu::avx2() {
             return Self::Portable;
         }
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512dq")
-        {
+        if crate::cpu::avx512_float() {
             return Self::Avx512;
         }
         Self::Avx2
@@ -368,20 +364,6 @@ impl Scratch {
         self.scores.resize(d.group * ctx, 0.0);
         self.rows.resize(d.block_size * d.head_dim, 0.0);
         (&mut self.scores, &mut self.rows)
-    }
-}
-
-/// Whether the AVX2 build of the inner loops can run here.
-pub(crate) fn simd_level_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
     }
 }
 

@@ -226,7 +226,7 @@ mod tests {
             axpy(&mut out, 0.7, &row);
             assert_close(&out, &want, 1e-6, 1e-6);
             #[cfg(target_arch = "x86_64")]
-            if crate::attention::simd_level_avx2() {
+            if crate::cpu::avx2() {
                 let mut out = base.clone();
                 // SAFETY: features detected just above; lengths equal.
                 let d = unsafe { avx2_ops(&q, &row, &mut out) };

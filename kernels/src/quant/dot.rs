@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use super::format::{Format, CHAINS};
 use super::q8_1::BlockQ8_1;
+use crate::cpu;
 
 /// The kernel [`DotKernel::select`] fixed for this process.
 static SELECTED: OnceLock<DotKernel> = OnceLock::new();
@@ -105,44 +106,6 @@ impl DotKernel {
             DotKernel::Avx512Vnni => cpu::avx_vnni(),
             DotKernel::Portable | DotKernel::Avx2 | DotKernel::Avx2Rows => false,
         }
-    }
-}
-
-/// The CPU features the kernels need, detected at run time (false off x86-64).
-mod cpu {
-    /// AVX2, FMA and F16C.
-    pub(super) fn avx2() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-
-    /// AVX-VNNI (the 256-bit VEX `vpdpbusd`).
-    pub(super) fn avx_vnni() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avxvnni")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-
-    /// AVX-512 F, BW, VL and VNNI.
-    pub(super) fn avx512_vnni() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
     }
 }
 

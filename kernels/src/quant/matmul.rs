@@ -341,6 +341,8 @@ mod tests {
             (7, 96, 3),
             (9, 32, 17),
             (16, 96, 5),
+            // One 16-row panel, weight rows in passes of four, two and one.
+            (12, 64, 7),
             (17, 160, 5),
             (33, 224, 19),
             // k large enough for one 16-row panel per AVX-512 tile, 49 blocks (a tail of one).

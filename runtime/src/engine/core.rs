@@ -215,13 +215,8 @@ fn sample_rows(
         })
         .collect();
     work.sort_unstable_by_key(|w| w.0);
-    if work.len() > 1 {
-        work.into_par_iter()
-            .map(|(_, id, state, row)| (id, state.sample(row)))
-            .collect()
-    } else {
-        work.into_iter()
-            .map(|(_, id, state, row)| (id, state.sample(row)))
-            .collect()
-    }
+    // One row runs inline on this (pool) thread: no hand-off.
+    work.into_par_iter()
+        .map(|(_, id, state, row)| (id, state.sample(row)))
+        .collect()
 }

@@ -71,7 +71,8 @@ fn bench(c: &mut Criterion) {
         for (k, n) in shapes {
             let w = random_blocks(&mut r, ty, n * k / QK);
             let theirs = candle_matmul(ty, &w);
-            for m in [1usize, 16] {
+            // Decode alone, a decode batch, a prefill chunk.
+            for m in [1usize, 16, 128] {
                 let x: Vec<f32> = (0..m * k).map(|_| r.random_range(-2.0..2.0)).collect();
                 let mut out = vec![0.0f32; m * n];
                 let shape = format!("{ty:?}_m{m}_k{k}_n{n}").to_lowercase();
@@ -80,6 +81,7 @@ fn bench(c: &mut Criterion) {
                     &[DotKernel::Avx2]
                 } else {
                     &[
+                        DotKernel::Amx,
                         DotKernel::Avx512Vnni,
                         DotKernel::Avx2Vnni,
                         DotKernel::Avx2,
@@ -109,8 +111,8 @@ fn bench(c: &mut Criterion) {
 /// The weight matmuls of one SmolLM2-135M decode step in each format: 30 layers of q, k, v,
 /// o, gate, up, down (66 MB of weights in Q4_1, more than the L3 cache, so they stream from
 /// DRAM as in the real model). The LM head and attention are not included. m = 1 runs the
-/// detected kernel; m = 16 each VNNI GEMM this CPU has (`/avx512vnni`, `/avx2vnni`), else the
-/// detected one.
+/// detected kernel; m = 16 each batched GEMM this CPU has (`/amx`, `/avx512vnni`,
+/// `/avx2vnni`), else the detected one.
 fn decode_step(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(3);
@@ -135,10 +137,11 @@ fn decode_step(c: &mut Criterion) {
         for m in [1usize, 16] {
             let x: Vec<f32> = (0..m * 1536).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * 1536];
-            let mut kernels: Vec<DotKernel> = [DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
-                .into_iter()
-                .filter(|k| k.is_supported())
-                .collect();
+            let mut kernels: Vec<DotKernel> =
+                [DotKernel::Amx, DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
+                    .into_iter()
+                    .filter(|k| k.is_supported())
+                    .collect();
             if m == 1 || kernels.is_empty() {
                 kernels = vec![DotKernel::detect()];
             }

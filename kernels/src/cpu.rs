@@ -46,3 +46,13 @@ pub(crate) fn avx512_float() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
+
+/// AMX-TILE and AMX-INT8, with the OS's permission to use them ([`crate::amx::available`]).
+pub(crate) fn amx_int8() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}

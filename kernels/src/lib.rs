@@ -11,6 +11,8 @@
 //! step's attention or matmul on the 2-core dev machine.
 
 pub mod activation;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod attention;
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -31,7 +33,7 @@ pub use norm::rms_norm;
 pub use quant::dot::DotKernel;
 pub use quant::format::QuantType;
 pub use quant::matmul::{
-    matmul, matmul_quantized, matmul_with, QuantizedActivations, PANEL_MIN_ROWS,
+    matmul, matmul_quantized, matmul_with, QuantizedActivations, AMX_MIN_ROWS, PANEL_MIN_ROWS,
 };
 pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
 pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};

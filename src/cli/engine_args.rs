@@ -43,7 +43,7 @@ pub struct EngineArgs {
     /// Where the model runs: cpu, cuda or cuda:N (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", env = "TIDAL_DEVICE")]
     pub device: Device,
-    /// CPU matmul kernel: auto (the fastest this CPU has), avx512-vnni, avx2-vnni, avx2,
+    /// CPU matmul kernel: auto (the fastest this CPU has), amx, avx512-vnni, avx2-vnni, avx2,
     /// avx2-rows or portable; to compare kernels on one machine.
     #[arg(long, default_value = "auto", env = "TIDAL_CPU_KERNEL", value_parser = parse_cpu_kernel)]
     pub cpu_kernel: CpuKernel,

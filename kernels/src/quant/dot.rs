@@ -30,11 +30,16 @@ pub enum DotKernel {
     /// batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more, the AVX2 row path below
     /// (with AVX-VNNI where the CPU has it).
     Avx512Vnni,
+    /// AMX: [`DotKernel::Avx512Vnni`], with batches of [`super::matmul::AMX_MIN_ROWS`] rows
+    /// or more (prefill chunks) on AMX tile products (`gemm_amx`), 16 weight rows × 16
+    /// activation rows of a block's integer sums per instruction.
+    Amx,
 }
 
 impl DotKernel {
     /// Every kernel with its name (as `--cpu-kernel` spells it).
-    pub const NAMED: [(&'static str, DotKernel); 5] = [
+    pub const NAMED: [(&'static str, DotKernel); 6] = [
+        ("amx", DotKernel::Amx),
         ("avx512-vnni", DotKernel::Avx512Vnni),
         ("avx2-vnni", DotKernel::Avx2Vnni),
         ("avx2", DotKernel::Avx2),
@@ -83,10 +88,15 @@ impl DotKernel {
 
     /// The fastest kernel this CPU supports (checked at run time).
     pub fn detect() -> Self {
-        [DotKernel::Avx512Vnni, DotKernel::Avx2Vnni, DotKernel::Avx2]
-            .into_iter()
-            .find(|k| k.is_supported())
-            .unwrap_or(DotKernel::Portable)
+        [
+            DotKernel::Amx,
+            DotKernel::Avx512Vnni,
+            DotKernel::Avx2Vnni,
+            DotKernel::Avx2,
+        ]
+        .into_iter()
+        .find(|k| k.is_supported())
+        .unwrap_or(DotKernel::Portable)
     }
 
     /// Whether this kernel can run on this CPU.
@@ -96,6 +106,7 @@ impl DotKernel {
             DotKernel::Avx2 | DotKernel::Avx2Rows => cpu::avx2(),
             DotKernel::Avx2Vnni => cpu::avx2() && cpu::avx_vnni(),
             DotKernel::Avx512Vnni => cpu::avx2() && cpu::avx512_vnni(),
+            DotKernel::Amx => cpu::avx2() && cpu::avx512_vnni() && cpu::amx_int8(),
         }
     }
 
@@ -103,7 +114,7 @@ impl DotKernel {
     pub(crate) fn rows_use_vnni(self) -> bool {
         match self {
             DotKernel::Avx2Vnni => true,
-            DotKernel::Avx512Vnni => cpu::avx_vnni(),
+            DotKernel::Avx512Vnni | DotKernel::Amx => cpu::avx_vnni(),
             DotKernel::Portable | DotKernel::Avx2 | DotKernel::Avx2Rows => false,
         }
     }
@@ -179,6 +190,7 @@ pub(crate) mod tests {
             DotKernel::Avx2Vnni,
             DotKernel::Avx2Rows,
             DotKernel::Avx512Vnni,
+            DotKernel::Amx,
         ]
         .into_iter()
         .filter(|k| k.is_supported())

@@ -127,7 +127,7 @@ const R4: usize = 4;
 /// # Safety
 /// AVX-512F available.
 #[inline(always)]
-unsafe fn store(out: &mut OutCols, m: usize, j: usize, p: usize, v: __m512) {
+pub(super) unsafe fn store(out: &mut OutCols, m: usize, j: usize, p: usize, v: __m512) {
     let mut lanes = [0.0f32; PANEL16_ROWS];
     // SAFETY: `lanes` holds 16 floats; AVX-512F by contract.
     unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };

@@ -11,7 +11,8 @@
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
 //! 16 activation rows; with AVX-512 VNNI the panels hold 16 rows, one per 512-bit register
-//! (`gemm_avx512`). Every path computes each output with the same operations in the same
+//! (`gemm_avx512`), and with AMX 16 weight rows × 16 activation rows of a block's integer
+//! sums are one tile product (`gemm_amx`). Every path computes each output with the same operations in the same
 //! order ([`super::format`]), so a row's result does not depend on the batch it is in.
 
 use std::sync::OnceLock;
@@ -28,6 +29,15 @@ use super::q8_1::{quantize_q8_1, BlockQ8_1};
 /// Smallest batch that takes the panel GEMM on AVX2: below it, a panel's eight lanes would be
 /// mostly empty and the row dot products (four rows per weight unpack) do as well.
 pub const PANEL_MIN_ROWS: usize = 6;
+
+/// Smallest batch that takes the AMX GEMM (with [`DotKernel::Amx`]); smaller batches run the
+/// AVX-512 GEMM. Each block's tile product must be stored and scaled by the vector units, so
+/// AMX wins only once a group of weight rows meets several panels: measured on a 2-core
+/// Sapphire Rapids class Xeon (criterion `q8_0_step_30_layers_m*`, the 210 weight matmuls
+/// of a SmolLM2 step), AMX took 1.24x the AVX-512 time at 16 rows, 1.02x at 32, 0.87x at 64
+/// (0.70x for one 576 x 1536 matmul at 128 rows). So decode batches stay on AVX-512 and
+/// prefill chunks go to AMX.
+pub const AMX_MIN_ROWS: usize = 48;
 
 /// Activation rows processed against one weight row before moving to the next (portable
 /// path): 64 rows of k = 1536 quantised activations (~120 KiB) stay in L2.
@@ -202,16 +212,19 @@ fn run<F: Format>(
     let threads = rayon::current_num_threads();
     // Several chunks per thread so an unlucky (preempted) thread does not hold up the call;
     // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves.
+    // Whole groups of 16 weight rows per task (the AMX tile product's rows).
     let rows_per_task = if m * n * nb < PAR_MIN_BLOCKS {
         n
     } else {
-        n.div_ceil(threads * 4).max(16)
+        n.div_ceil(threads * 4).next_multiple_of(16)
     };
     let rows: Vec<XRow<'_>> = (0..m).map(|i| xq.row(i)).collect();
     let simd = kernel != DotKernel::Portable;
     let vnni = kernel.rows_use_vnni();
     let batched = m >= PANEL_MIN_ROWS;
-    let panels16 = (kernel == DotKernel::Avx512Vnni && batched).then(|| xq.panels16());
+    let amx = kernel == DotKernel::Amx && m >= AMX_MIN_ROWS;
+    let panels16 = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && batched)
+        .then(|| xq.panels16());
     let panels =
         (matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni) && batched).then(|| xq.panels());
     let out_ptr = SendPtr(out.as_mut_ptr());
@@ -225,9 +238,13 @@ fn run<F: Format>(
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: the kernel's support was asserted (AVX2 for all of them, AVX-512 VNNI
-            // for `panels16`, AVX-VNNI for `vnni`); shapes follow from the asserts above;
-            // panels are built from `xq`.
+            // for `panels16`, AMX for `amx`, AVX-VNNI for `vnni`); shapes follow from the
+            // asserts above; panels are built from `xq`.
             unsafe {
+                if let (Some(p), true) = (panels16, amx) {
+                    super::gemm_amx::gemm::<F>(wr, cols, nb, p, m, &mut o);
+                    return;
+                }
                 if let Some(p) = panels16 {
                     super::gemm_avx512::gemm::<F>(wr, cols, nb, p, m, &mut o);
                     return;
@@ -241,7 +258,7 @@ fn run<F: Format>(
             }
             return;
         }
-        let _ = (simd, vnni, panels, panels16);
+        let _ = (simd, vnni, panels, panels16, amx);
         for i0 in (0..m).step_by(M_TILE) {
             for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
                 for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
@@ -291,6 +308,22 @@ impl OutCols {
             n,
             j0,
             cols,
+        }
+    }
+
+    /// The columns from `jj` on, as their own view (for a kernel that leaves a tail of
+    /// columns to another).
+    ///
+    /// # Panics
+    /// If `jj` is past the columns.
+    pub(super) fn skip(&mut self, jj: usize) -> OutCols {
+        assert!(jj <= self.cols, "matmul output columns out of range");
+        OutCols {
+            ptr: self.ptr,
+            m: self.m,
+            n: self.n,
+            j0: self.j0 + jj,
+            cols: self.cols - jj,
         }
     }
 
@@ -350,6 +383,13 @@ mod tests {
             (48, 32, 6),
             (65, 64, 7),
             (130, 96, 33),
+            // AMX (AMX_MIN_ROWS rows or more): whole groups of 16 weight rows (one, three,
+            // four) with and without a tail of rows for the AVX-512 GEMM, blocks not a
+            // multiple of the four chains, panels full and partial.
+            (48, 96, 16),
+            (50, 160, 48),
+            (49, 1568, 35),
+            (64, 576, 64),
         ];
         for _ in 0..12 {
             s.push((

@@ -37,8 +37,9 @@ pub struct EngineArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// KV cache element type: f32, f16 (2x the tokens per byte) or int8 (3.8x).
-    #[arg(long, default_value = "f32")]
+    /// KV cache element type: f16 (the default), f32 (2x the bytes per token) or int8
+    /// (0.53x the bytes of f16).
+    #[arg(long, default_value = "f16")]
     pub kv_cache_dtype: KvDtype,
     /// Where the model runs: cpu, cuda or cuda:N (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", env = "TIDAL_DEVICE")]

@@ -211,14 +211,14 @@ pub(super) unsafe fn sum8(acc: [__m256; 8]) -> __m256 {
 /// # Safety
 /// AVX2/FMA; `q.len()` (a multiple of 8) values readable at `row`.
 #[inline(always)]
-pub(super) unsafe fn dot1(q: &[f32], row: *const f32) -> f32 {
+pub(super) unsafe fn dot1<E: KvElem>(q: &[f32], row: *const E) -> f32 {
     // SAFETY: by the caller's contract.
     unsafe {
         let mut acc = _mm256_setzero_ps();
         for j in (0..q.len()).step_by(8) {
             acc = _mm256_fmadd_ps(
                 _mm256_loadu_ps(q.as_ptr().add(j)),
-                _mm256_loadu_ps(row.add(j)),
+                E::load8(row.add(j)),
                 acc,
             );
         }

@@ -1,6 +1,6 @@
 //! The AVX-512 build of one (token, KV head) attention task, for head sizes 64 and 128: the
-//! AVX2 build's block walk ([`super::avx2`]: rows widened once per block, 8-wide softmax) with
-//! 512-bit rows and every K and V row read once for the whole group of query heads:
+//! AVX2 build's block walk ([`super::avx2`], 8-wide softmax) with 512-bit rows and every K
+//! and V row read once for the whole group of query heads:
 //!
 //! - scores: up to three heads at a time against eight K rows, 24 accumulators; each K vector
 //!   is loaded once and multiplied into every head's sum (the AVX2 build reads it once per
@@ -8,13 +8,19 @@
 //! - values: the weighted sum of a block's V rows for up to four heads (two at head size 128)
 //!   stays in registers; each V row is loaded once for all of them.
 //!
+//! f32 and f16 rows are read where they are in the cache (f16 converted as each vector is
+//! loaded: at 16 sequences the attention waits on memory, so the f16 cache's halved bytes
+//! count, and a block is not written out widened and read again); int8 rows, which carry a
+//! scale per row, are widened with it once per block as in the AVX2 build. The values are the
+//! same either way (f16 → f32 is exact).
+//!
 //! A head's result does not depend on which heads share its pass, nor on the batch: every sum
 //! runs in the same order for every head.
 
 use std::arch::x86_64::*;
 
 use super::avx2::{dot1, prefetch_rows, softmax, sum8, widen};
-use super::{GroupArgs, Scratch};
+use super::{Dims, GroupArgs, Rows, Scratch};
 use crate::kv_cache::elem::KvElem;
 
 /// Query heads scored together against one set of eight K rows.
@@ -36,9 +42,9 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     scratch: &mut Scratch,
     out_g: &mut [f32],
 ) {
-    let (q_g, d, kvh) = (args.q_g, args.d, args.kvh);
-    let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
-    debug_assert!(supports(hd));
+    let (d, kvh) = (args.d, args.kvh);
+    let bs = d.block_size;
+    debug_assert!(supports(d.head_dim));
     let ctx = args.pos + 1;
     let (scores, rows) = scratch.for_task(d, ctx);
     let n_blocks = ctx.div_ceil(bs);
@@ -51,40 +57,22 @@ pub(super) unsafe fn attend_group<E: KvElem>(
             let (_, next, n_next) = block(b + 1);
             prefetch_rows(&args.k, next, kvh, n_next, d);
         }
-        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
-        let (base, stride) = unsafe { widen(&args.k, blk, kvh, n, d, rows) };
-        let mut g0 = 0;
-        while g0 < group {
-            let heads = SCORE_HEADS.min(group - g0);
-            let mut o = 0;
-            while o + 8 <= n {
-                let at = Scored {
-                    scores,
-                    ctx,
-                    at: first + o,
-                    scale: d.scale,
-                };
-                // SAFETY: rows o..o + 8 are readable at `stride`; each head's q is hd values;
-                // scores has 8 places from `first + o` for every head.
-                unsafe {
-                    let rows = base.add(o * stride);
-                    match heads {
-                        3 => score8::<3>(q_g, g0, hd, rows, stride, at),
-                        2 => score8::<2>(q_g, g0, hd, rows, stride, at),
-                        _ => score8::<1>(q_g, g0, hd, rows, stride, at),
-                    }
-                }
-                o += 8;
+        let at = Scored {
+            scores: &mut *scores,
+            ctx,
+            at: first,
+            scale: d.scale,
+        };
+        // SAFETY (both): the block is inside the cache (validated by the caller); rows holds
+        // bs rows.
+        unsafe {
+            if args.k.scales.is_none() {
+                let (base, stride) = in_place(&args.k, blk, kvh, d);
+                score_block(args.q_g, d, base, stride, n, at);
+            } else {
+                let (base, stride) = widen(&args.k, blk, kvh, n, d, rows);
+                score_block(args.q_g, d, base, stride, n, at);
             }
-            for o in o..n {
-                for g in g0..g0 + heads {
-                    let q = &q_g[g * hd..(g + 1) * hd];
-                    // SAFETY: row o is readable.
-                    scores[g * ctx + first + o] =
-                        unsafe { dot1(q, base.add(o * stride)) } * d.scale;
-                }
-            }
-            g0 += heads;
         }
     }
 
@@ -100,24 +88,111 @@ pub(super) unsafe fn attend_group<E: KvElem>(
             let (_, next, n_next) = block(b + 1);
             prefetch_rows(&args.v, next, kvh, n_next, d);
         }
-        // SAFETY: as for K.
-        let (base, stride) = unsafe { widen(&args.v, blk, kvh, n, d, rows) };
         let weights = Weights {
             scores,
             ctx,
             first,
             n,
         };
-        let mut g0 = 0;
-        while g0 < group {
-            // SAFETY: n rows of hd values at `stride`; out_g holds group · hd values.
-            g0 += unsafe {
-                match hd {
-                    64 => weigh_heads::<4>(&weights, g0, group, base, stride, out_g),
-                    _ => weigh_heads::<8>(&weights, g0, group, base, stride, out_g),
-                }
-            };
+        // SAFETY (both): as for K; out_g holds group · head_dim values.
+        unsafe {
+            if args.v.scales.is_none() {
+                let (base, stride) = in_place(&args.v, blk, kvh, d);
+                weigh_block(&weights, d, base, stride, out_g);
+            } else {
+                let (base, stride) = widen(&args.v, blk, kvh, n, d, rows);
+                weigh_block(&weights, d, base, stride, out_g);
+            }
         }
+    }
+}
+
+/// The rows of block `blk` for KV head `kvh` where they are, for a type without scales
+/// (f32, or f16 widened as each vector is loaded: the same values as widening the block
+/// first, without writing and reading it again): `(first row, stride)`.
+///
+/// # Panics
+/// If the block is not inside the cache.
+#[inline(always)]
+fn in_place<E>(cache: &Rows<'_, E>, blk: usize, kvh: usize, d: &Dims) -> (*const E, usize) {
+    let kv_width = d.n_kv_heads * d.head_dim;
+    let at0 = (blk * d.block_size * d.n_kv_heads + kvh) * d.head_dim;
+    assert!(at0 + (d.block_size - 1) * kv_width + d.head_dim <= cache.values.len());
+    (cache.values[at0..].as_ptr(), kv_width)
+}
+
+/// Scores of every head of the group against the `n` K rows at `base` (`stride` apart),
+/// written from `out.at` on.
+///
+/// # Safety
+/// As [`attend_group`]; `n` rows of `head_dim` values readable at `stride`; `out.scores`
+/// holds `group · ctx` values.
+#[inline(always)]
+unsafe fn score_block<R: KvElem>(
+    q_g: &[f32],
+    d: &Dims,
+    base: *const R,
+    stride: usize,
+    n: usize,
+    out: Scored<'_>,
+) {
+    let (hd, group) = (d.head_dim, d.group);
+    let mut g0 = 0;
+    while g0 < group {
+        let heads = SCORE_HEADS.min(group - g0);
+        let mut o = 0;
+        while o + 8 <= n {
+            let at = Scored {
+                scores: &mut *out.scores,
+                ctx: out.ctx,
+                at: out.at + o,
+                scale: out.scale,
+            };
+            // SAFETY: rows o..o + 8 are readable at `stride`; each head's q is hd values;
+            // scores has 8 places from `at + o` for every head.
+            unsafe {
+                let rows = base.add(o * stride);
+                match heads {
+                    3 => score8::<3, R>(q_g, g0, hd, rows, stride, at),
+                    2 => score8::<2, R>(q_g, g0, hd, rows, stride, at),
+                    _ => score8::<1, R>(q_g, g0, hd, rows, stride, at),
+                }
+            }
+            o += 8;
+        }
+        for o in o..n {
+            for g in g0..g0 + heads {
+                let q = &q_g[g * hd..(g + 1) * hd];
+                // SAFETY: row o is readable.
+                out.scores[g * out.ctx + out.at + o] =
+                    unsafe { dot1(q, base.add(o * stride)) } * out.scale;
+            }
+        }
+        g0 += heads;
+    }
+}
+
+/// Adds the weighted `w.n` V rows at `base` to every head of the group in `out_g`.
+///
+/// # Safety
+/// As [`attend_group`]; `w.n` rows of `head_dim` values readable at `stride`.
+#[inline(always)]
+unsafe fn weigh_block<R: KvElem>(
+    w: &Weights<'_>,
+    d: &Dims,
+    base: *const R,
+    stride: usize,
+    out_g: &mut [f32],
+) {
+    let mut g0 = 0;
+    while g0 < d.group {
+        // SAFETY: by the caller's contract.
+        g0 += unsafe {
+            match d.head_dim {
+                64 => weigh_heads::<4, R>(w, g0, d.group, base, stride, out_g),
+                _ => weigh_heads::<8, R>(w, g0, d.group, base, stride, out_g),
+            }
+        };
     }
 }
 
@@ -135,11 +210,11 @@ struct Scored<'a> {
 /// AVX-512F/DQ and AVX2; 8 rows of `hd` (a multiple of 16) values readable; `q_g` holds heads
 /// `g0..g0 + H`; `out.scores` holds 8 values from `(g0 + h) · ctx + at` for each of them.
 #[inline(always)]
-unsafe fn score8<const H: usize>(
+unsafe fn score8<const H: usize, R: KvElem>(
     q_g: &[f32],
     g0: usize,
     hd: usize,
-    rows: *const f32,
+    rows: *const R,
     stride: usize,
     out: Scored<'_>,
 ) {
@@ -154,7 +229,7 @@ unsafe fn score8<const H: usize>(
                 *x = _mm512_loadu_ps(q.add(h * hd + j));
             }
             for (p, acc_p) in acc.iter_mut().enumerate() {
-                let kv = _mm512_loadu_ps(rows.add(p * stride + j));
+                let kv = R::load16(rows.add(p * stride + j));
                 for (a, qh) in acc_p.iter_mut().zip(&qv) {
                     *a = _mm512_fmadd_ps(*qh, kv, *a);
                 }
@@ -188,21 +263,21 @@ struct Weights<'a> {
 /// # Safety
 /// AVX-512F; `w.n` rows of `16 · NV` values at `stride`; `out_g` holds `group` heads.
 #[inline(always)]
-unsafe fn weigh_heads<const NV: usize>(
+unsafe fn weigh_heads<const NV: usize, R: KvElem>(
     w: &Weights<'_>,
     g0: usize,
     group: usize,
-    rows: *const f32,
+    rows: *const R,
     stride: usize,
     out_g: &mut [f32],
 ) -> usize {
     // SAFETY (all arms): by the caller's contract.
     unsafe {
         match (16 / NV).min(group - g0) {
-            4 => weigh::<NV, 4>(w, g0, rows, stride, out_g),
-            3 => weigh::<NV, 3>(w, g0, rows, stride, out_g),
-            2 => weigh::<NV, 2>(w, g0, rows, stride, out_g),
-            _ => weigh::<NV, 1>(w, g0, rows, stride, out_g),
+            4 => weigh::<NV, 4, R>(w, g0, rows, stride, out_g),
+            3 => weigh::<NV, 3, R>(w, g0, rows, stride, out_g),
+            2 => weigh::<NV, 2, R>(w, g0, rows, stride, out_g),
+            _ => weigh::<NV, 1, R>(w, g0, rows, stride, out_g),
         }
     }
 }
@@ -212,10 +287,10 @@ unsafe fn weigh_heads<const NV: usize>(
 /// # Safety
 /// As [`weigh_heads`], with heads `g0..g0 + H` in `out_g`.
 #[inline(always)]
-unsafe fn weigh<const NV: usize, const H: usize>(
+unsafe fn weigh<const NV: usize, const H: usize, R: KvElem>(
     w: &Weights<'_>,
     g0: usize,
-    rows: *const f32,
+    rows: *const R,
     stride: usize,
     out_g: &mut [f32],
 ) -> usize {
@@ -227,7 +302,7 @@ unsafe fn weigh<const NV: usize, const H: usize>(
             let row = rows.add(o * stride);
             let mut vr = [_mm512_setzero_ps(); NV];
             for (j, x) in vr.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(row.add(16 * j));
+                *x = R::load16(row.add(16 * j));
             }
             for (h, acc_h) in acc.iter_mut().enumerate() {
                 let wv = _mm512_set1_ps(w.scores[(g0 + h) * w.ctx + w.first + o]);

@@ -20,6 +20,13 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// AVX2, FMA and F16C available; `p..p + 8` readable.
     #[cfg(target_arch = "x86_64")]
     unsafe fn load8(p: *const Self) -> __m256;
+
+    /// Sixteen consecutive values as f32 lanes.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p..p + 16` readable.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> __m512;
 }
 
 impl KvElem for f32 {
@@ -38,6 +45,13 @@ impl KvElem for f32 {
     unsafe fn load8(p: *const Self) -> __m256 {
         // SAFETY: the caller guarantees 8 readable values; loadu has no alignment need.
         unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: the caller guarantees 16 readable values.
+        unsafe { _mm512_loadu_ps(p) }
     }
 }
 
@@ -58,6 +72,13 @@ impl KvElem for half::f16 {
         // SAFETY: 8 readable f16s are 16 bytes; F16C guaranteed by the caller.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
     }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: 16 readable f16s are 32 bytes; AVX-512F guaranteed by the caller.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
 }
 
 impl KvElem for i8 {
@@ -76,6 +97,13 @@ impl KvElem for i8 {
     unsafe fn load8(p: *const Self) -> __m256 {
         // SAFETY: 8 readable bytes; AVX2 guaranteed by the caller.
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> __m512 {
+        // SAFETY: 16 readable bytes; AVX-512F guaranteed by the caller.
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
     }
 }
 

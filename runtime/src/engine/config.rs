@@ -66,7 +66,7 @@ impl Default for EngineConfig {
             max_num_seqs: 64,
             enable_prefix_caching: true,
             threads: None,
-            kv_cache_dtype: KvDtype::F32,
+            kv_cache_dtype: KvDtype::default(),
             device: Device::Cpu,
         }
     }

@@ -146,41 +146,27 @@ pub(crate) unsafe fn store<const T: u8>(base: *mut u8, stride: usize) {
     };
 }
 
-/// `C += A · B` over signed bytes: `C[i][j] += Σ_k A[i][k] · B[k / 4][4 j + k % 4]` in i32
-/// (`B` holds four consecutive k of a column per dword, the layout of `vpdpbusd`).
+/// `C += A · B` over bytes: `C[i][j] += Σ_k A[i][k] · B[k / 4][4 j + k % 4]` in i32 (`B`
+/// holds four consecutive k of a column per dword, the layout of `vpdpbusd`), with `A`
+/// signed (`tdpbssd`) or unsigned (`tdpbusd`) and `B` signed. The GEMM passes a constant, so
+/// the branch folds away.
 ///
 /// # Safety
 /// Tiles configured with matching shapes.
 #[inline(always)]
-pub(crate) unsafe fn dot_ss<const C: u8, const A: u8, const B: u8>() {
-    // SAFETY: by the caller's contract.
-    unsafe {
-        asm!(
-            "tdpbssd tmm{c}, tmm{a}, tmm{b}",
-            c = const C,
-            a = const A,
-            b = const B,
-            options(nostack, nomem),
-        )
-    };
-}
-
-/// [`dot_ss`] with `A` unsigned and `B` signed bytes.
-///
-/// # Safety
-/// As [`dot_ss`].
-#[inline(always)]
-pub(crate) unsafe fn dot_us<const C: u8, const A: u8, const B: u8>() {
-    // SAFETY: by the caller's contract.
-    unsafe {
-        asm!(
-            "tdpbusd tmm{c}, tmm{a}, tmm{b}",
-            c = const C,
-            a = const A,
-            b = const B,
-            options(nostack, nomem),
-        )
-    };
+pub(crate) unsafe fn dot<const C: u8, const A: u8, const B: u8>(signed_a: bool) {
+    // SAFETY (both): by the caller's contract.
+    if signed_a {
+        unsafe {
+            asm!("tdpbssd tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                options(nostack, nomem))
+        };
+    } else {
+        unsafe {
+            asm!("tdpbusd tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                options(nostack, nomem))
+        };
+    }
 }
 
 #[cfg(test)]
@@ -215,11 +201,7 @@ mod tests {
                 zero::<2>();
                 load::<0>(a.as_ptr(), 32);
                 load::<1>(b.as_ptr(), 64);
-                if signed_a {
-                    dot_ss::<2, 0, 1>();
-                } else {
-                    dot_us::<2, 0, 1>();
-                }
+                dot::<2, 0, 1>(signed_a);
                 store::<2>(c.as_mut_ptr() as *mut u8, 64);
                 release();
             }

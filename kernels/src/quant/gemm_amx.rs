@@ -308,11 +308,7 @@ unsafe fn tile_block<F: Format, const A: u8, const B: u8, const C: u8>(
         amx::zero::<C>();
         amx::load::<A>(a, stride);
         amx::load::<B>(b, 64);
-        if F::SIGNED {
-            amx::dot_ss::<C, A, B>();
-        } else {
-            amx::dot_us::<C, A, B>();
-        }
+        amx::dot::<C, A, B>(F::SIGNED);
         amx::store::<C>(c, 64);
     }
 }

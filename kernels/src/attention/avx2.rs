@@ -1,9 +1,11 @@
 //! The AVX2 build of one (token, KV head) attention task for head sizes that are a multiple
 //! of 8, walked one KV block at a time like vLLM's paged attention kernels:
 //!
-//! - a block's K (then V) rows are widened to f32 once (int8 rows times their scale, so a
-//!   dequantised row exists only in this small scratch) and shared by the group's query heads;
-//!   f32 rows are read in place;
+//! - f32 and f16 rows are read in place (f16 converted as each vector is loaded); int8 rows
+//!   are widened to f32 once per block (times their per-row scale, so a dequantised row
+//!   exists only in this small scratch) and shared by the group's query heads. Widening f16
+//!   blocks too cost more than the halved bytes saved (criterion, batch 8 at 256 tokens:
+//!   93 µs widened, 78 read in place, f32 75-88);
 //! - scores are computed for eight positions at a time, one accumulator each, and reduced
 //!   together (one `hadd` tree for eight sums instead of a horizontal sum per position);
 //! - the softmax exponentials are 8-wide ([`crate::vexp`]);
@@ -36,8 +38,8 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         kvh,
         d,
     } = args;
-    let (hd, group, bs) = (d.head_dim, d.group, d.block_size);
-    debug_assert!(hd.is_multiple_of(8));
+    let bs = d.block_size;
+    debug_assert!(d.head_dim.is_multiple_of(8));
     let ctx = pos + 1;
     let (scores, rows) = scratch.for_task(d, ctx);
     let blocks = || {
@@ -54,27 +56,16 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         if let Some(&(_, next, n_next)) = k_blocks.peek() {
             prefetch_rows(&k, next, kvh, n_next, d);
         }
-        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
-        let (base, stride) = unsafe { widen(&k, blk, kvh, n, d, rows) };
-        for g in 0..group {
-            let q = &q_g[g * hd..(g + 1) * hd];
-            let s = &mut scores[g * ctx + first..g * ctx + first + n];
-            let mut o = 0;
-            while o + 8 <= n {
-                // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
-                unsafe {
-                    let dots = dot8(q, base.add(o * stride), stride);
-                    _mm256_storeu_ps(
-                        s.as_mut_ptr().add(o),
-                        _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)),
-                    );
-                }
-                o += 8;
-            }
-            while o < n {
-                // SAFETY: row o is readable.
-                s[o] = unsafe { dot1(q, base.add(o * stride)) } * d.scale;
-                o += 1;
+        let s = &mut scores[..];
+        // SAFETY (both): the block is inside the cache (validated by the caller); rows holds
+        // bs rows.
+        unsafe {
+            if k.scales.is_none() {
+                let (base, stride) = in_place(&k, blk, kvh, d);
+                score_block(q_g, d, base, stride, n, first, ctx, s);
+            } else {
+                let (base, stride) = widen(&k, blk, kvh, n, d, rows);
+                score_block(q_g, d, base, stride, n, first, ctx, s);
             }
         }
     }
@@ -90,21 +81,106 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         if let Some(&(_, next, n_next)) = v_blocks.peek() {
             prefetch_rows(&v, next, kvh, n_next, d);
         }
-        // SAFETY: as for K.
-        let (base, stride) = unsafe { widen(&v, blk, kvh, n, d, rows) };
-        for g in 0..group {
-            let w = &scores[g * ctx + first..g * ctx + first + n];
-            let out = &mut out_g[g * hd..(g + 1) * hd];
-            // SAFETY: n rows of hd values at `stride`; out is hd values.
-            unsafe {
-                match hd {
-                    64 => weigh::<8>(w, base, stride, out),
-                    128 => weigh::<16>(w, base, stride, out),
-                    _ => weigh_any(w, base, stride, out),
-                }
+        let w = (&scores[..], first, n, ctx);
+        // SAFETY (both): as for K.
+        unsafe {
+            if v.scales.is_none() {
+                let (base, stride) = in_place(&v, blk, kvh, d);
+                weigh_block(w, d, base, stride, out_g);
+            } else {
+                let (base, stride) = widen(&v, blk, kvh, n, d, rows);
+                weigh_block(w, d, base, stride, out_g);
             }
         }
     }
+}
+
+/// Scores of every head of the group against the `n` K rows at `base` (`stride` apart), into
+/// `scores[g · ctx + first..]`.
+///
+/// # Safety
+/// As [`attend_group`]; `n` rows of `head_dim` values readable at `stride`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn score_block<R: KvElem>(
+    q_g: &[f32],
+    d: &super::Dims,
+    base: *const R,
+    stride: usize,
+    n: usize,
+    first: usize,
+    ctx: usize,
+    scores: &mut [f32],
+) {
+    let hd = d.head_dim;
+    for g in 0..d.group {
+        let q = &q_g[g * hd..(g + 1) * hd];
+        let s = &mut scores[g * ctx + first..g * ctx + first + n];
+        let mut o = 0;
+        while o + 8 <= n {
+            // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
+            unsafe {
+                let dots = dot8(q, base.add(o * stride), stride);
+                _mm256_storeu_ps(
+                    s.as_mut_ptr().add(o),
+                    _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)),
+                );
+            }
+            o += 8;
+        }
+        while o < n {
+            // SAFETY: row o is readable.
+            s[o] = unsafe { dot1(q, base.add(o * stride)) } * d.scale;
+            o += 1;
+        }
+    }
+}
+
+/// Adds the weighted V rows of one block to every head of the group: `w` is (scores, the
+/// block's first position, its rows, ctx).
+///
+/// # Safety
+/// As [`attend_group`]; the block's rows of `head_dim` values readable at `stride`.
+#[inline(always)]
+unsafe fn weigh_block<R: KvElem>(
+    (scores, first, n, ctx): (&[f32], usize, usize, usize),
+    d: &super::Dims,
+    base: *const R,
+    stride: usize,
+    out_g: &mut [f32],
+) {
+    let hd = d.head_dim;
+    for g in 0..d.group {
+        let w = &scores[g * ctx + first..g * ctx + first + n];
+        let out = &mut out_g[g * hd..(g + 1) * hd];
+        // SAFETY: n rows of hd values at `stride`; out is hd values.
+        unsafe {
+            match hd {
+                64 => weigh::<8, R>(w, base, stride, out),
+                128 => weigh::<16, R>(w, base, stride, out),
+                _ => weigh_any(w, base, stride, out),
+            }
+        }
+    }
+}
+
+/// The rows of block `blk` for KV head `kvh` where they are, for a type without scales
+/// (f32; f16, converted as each vector is loaded, the same values as widening the block
+/// first without writing and reading it again): `(first row, stride)`.
+///
+/// # Panics
+/// If the block is not inside the cache.
+#[inline(always)]
+pub(super) fn in_place<E>(
+    cache: &Rows<'_, E>,
+    blk: usize,
+    kvh: usize,
+    d: &super::Dims,
+) -> (*const E, usize) {
+    let kv_width = d.n_kv_heads * d.head_dim;
+    let at0 = (blk * d.block_size * d.n_kv_heads + kvh) * d.head_dim;
+    assert!(at0 + (d.block_size - 1) * kv_width + d.head_dim <= cache.values.len());
+    (cache.values[at0..].as_ptr(), kv_width)
 }
 
 /// Prefetches the `n` rows of KV head `kvh` in block `blk` (the next block to read: the
@@ -170,14 +246,14 @@ pub(super) unsafe fn widen<E: KvElem>(
 /// # Safety
 /// AVX2/FMA; 8 rows of `q.len()` (a multiple of 8) values readable.
 #[inline(always)]
-unsafe fn dot8(q: &[f32], rows: *const f32, stride: usize) -> __m256 {
+unsafe fn dot8<R: KvElem>(q: &[f32], rows: *const R, stride: usize) -> __m256 {
     // SAFETY: by the caller's contract.
     unsafe {
         let mut acc = [_mm256_setzero_ps(); 8];
         for j in (0..q.len()).step_by(8) {
             let qv = _mm256_loadu_ps(q.as_ptr().add(j));
             for (p, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows.add(p * stride + j)), *a);
+                *a = _mm256_fmadd_ps(qv, R::load8(rows.add(p * stride + j)), *a);
             }
         }
         sum8(acc)
@@ -231,7 +307,12 @@ pub(super) unsafe fn dot1<E: KvElem>(q: &[f32], row: *const E) -> f32 {
 /// # Safety
 /// AVX2/FMA; `w.len()` rows of `8 · NV` values at `stride`; `out` is `8 · NV` values.
 #[inline(always)]
-unsafe fn weigh<const NV: usize>(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+unsafe fn weigh<const NV: usize, R: KvElem>(
+    w: &[f32],
+    rows: *const R,
+    stride: usize,
+    out: &mut [f32],
+) {
     // SAFETY: by the caller's contract.
     unsafe {
         let mut acc = [_mm256_setzero_ps(); NV];
@@ -239,7 +320,7 @@ unsafe fn weigh<const NV: usize>(w: &[f32], rows: *const f32, stride: usize, out
             let wv = _mm256_set1_ps(wo);
             let row = rows.add(o * stride);
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * j)), *a);
+                *a = _mm256_fmadd_ps(wv, R::load8(row.add(8 * j)), *a);
             }
         }
         for (j, a) in acc.iter().enumerate() {
@@ -254,7 +335,7 @@ unsafe fn weigh<const NV: usize>(w: &[f32], rows: *const f32, stride: usize, out
 /// # Safety
 /// As [`weigh`] with `out.len()` values per row.
 #[inline(always)]
-unsafe fn weigh_any(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32]) {
+unsafe fn weigh_any<R: KvElem>(w: &[f32], rows: *const R, stride: usize, out: &mut [f32]) {
     // SAFETY: by the caller's contract.
     unsafe {
         for (o, &wo) in w.iter().enumerate() {
@@ -264,7 +345,7 @@ unsafe fn weigh_any(w: &[f32], rows: *const f32, stride: usize, out: &mut [f32])
                 let p = out.as_mut_ptr().add(j);
                 _mm256_storeu_ps(
                     p,
-                    _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(j)), _mm256_loadu_ps(p)),
+                    _mm256_fmadd_ps(wv, R::load8(row.add(j)), _mm256_loadu_ps(p)),
                 );
             }
         }

@@ -8,19 +8,18 @@
 //! - values: the weighted sum of a block's V rows for up to four heads (two at head size 128)
 //!   stays in registers; each V row is loaded once for all of them.
 //!
-//! f32 and f16 rows are read where they are in the cache (f16 converted as each vector is
-//! loaded: at 16 sequences the attention waits on memory, so the f16 cache's halved bytes
-//! count, and a block is not written out widened and read again); int8 rows, which carry a
-//! scale per row, are widened with it once per block as in the AVX2 build. The values are the
-//! same either way (f16 → f32 is exact).
+//! As in the AVX2 build, f32 and f16 rows are read where they are in the cache (f16 converted
+//! as each vector is loaded: at 16 sequences the attention waits on memory, so the f16
+//! cache's halved bytes count) and int8 rows, which carry a scale per row, are widened with
+//! it once per block. The values are the same either way (f16 → f32 is exact).
 //!
 //! A head's result does not depend on which heads share its pass, nor on the batch: every sum
 //! runs in the same order for every head.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{dot1, prefetch_rows, softmax, sum8, widen};
-use super::{Dims, GroupArgs, Rows, Scratch};
+use super::avx2::{dot1, in_place, prefetch_rows, softmax, sum8, widen};
+use super::{Dims, GroupArgs, Scratch};
 use crate::kv_cache::elem::KvElem;
 
 /// Query heads scored together against one set of eight K rows.
@@ -105,20 +104,6 @@ pub(super) unsafe fn attend_group<E: KvElem>(
             }
         }
     }
-}
-
-/// The rows of block `blk` for KV head `kvh` where they are, for a type without scales
-/// (f32, or f16 widened as each vector is loaded: the same values as widening the block
-/// first, without writing and reading it again): `(first row, stride)`.
-///
-/// # Panics
-/// If the block is not inside the cache.
-#[inline(always)]
-fn in_place<E>(cache: &Rows<'_, E>, blk: usize, kvh: usize, d: &Dims) -> (*const E, usize) {
-    let kv_width = d.n_kv_heads * d.head_dim;
-    let at0 = (blk * d.block_size * d.n_kv_heads + kvh) * d.head_dim;
-    assert!(at0 + (d.block_size - 1) * kv_width + d.head_dim <= cache.values.len());
-    (cache.values[at0..].as_ptr(), kv_width)
 }
 
 /// Scores of every head of the group against the `n` K rows at `base` (`stride` apart),

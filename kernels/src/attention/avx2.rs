@@ -3,9 +3,9 @@
 //!
 //! - f32 and f16 rows are read in place (f16 converted as each vector is loaded); int8 rows
 //!   are widened to f32 once per block (times their per-row scale, so a dequantised row
-//!   exists only in this small scratch) and shared by the group's query heads. Widening f16
-//!   blocks too cost more than the halved bytes saved (criterion, batch 8 at 256 tokens:
-//!   93 µs widened, 78 read in place, f32 75-88);
+//!   exists only in this small scratch) and shared by the group's query heads: [`with_rows`],
+//!   for both SIMD builds. Widening f16 blocks too cost more than the halved bytes saved
+//!   (criterion, batch 8 at 256 tokens: 93 µs widened, 78 read in place, f32 75-88);
 //! - scores are computed for eight positions at a time, one accumulator each, and reduced
 //!   together (one `hadd` tree for eight sums instead of a horizontal sum per position);
 //! - the softmax exponentials are 8-wide ([`crate::vexp`]);
@@ -56,18 +56,16 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         if let Some(&(_, next, n_next)) = k_blocks.peek() {
             prefetch_rows(&k, next, kvh, n_next, d);
         }
-        let s = &mut scores[..];
-        // SAFETY (both): the block is inside the cache (validated by the caller); rows holds
-        // bs rows.
-        unsafe {
-            if k.scales.is_none() {
-                let (base, stride) = in_place(&k, blk, kvh, d);
-                score_block(q_g, d, base, stride, n, first, ctx, s);
-            } else {
-                let (base, stride) = widen(&k, blk, kvh, n, d, rows);
-                score_block(q_g, d, base, stride, n, first, ctx, s);
-            }
-        }
+        let work = ScoreBlock {
+            q_g,
+            d,
+            n,
+            first,
+            ctx,
+            scores: &mut scores[..],
+        };
+        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
+        unsafe { with_rows(&k, blk, kvh, n, d, rows, work) };
     }
 
     for s in scores.chunks_exact_mut(ctx) {
@@ -81,102 +79,134 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         if let Some(&(_, next, n_next)) = v_blocks.peek() {
             prefetch_rows(&v, next, kvh, n_next, d);
         }
-        let w = (&scores[..], first, n, ctx);
-        // SAFETY (both): as for K.
-        unsafe {
-            if v.scales.is_none() {
-                let (base, stride) = in_place(&v, blk, kvh, d);
-                weigh_block(w, d, base, stride, out_g);
-            } else {
-                let (base, stride) = widen(&v, blk, kvh, n, d, rows);
-                weigh_block(w, d, base, stride, out_g);
-            }
-        }
+        let work = WeighBlock {
+            scores: &scores[..],
+            d,
+            first,
+            n,
+            ctx,
+            out_g: &mut *out_g,
+        };
+        // SAFETY: as for K.
+        unsafe { with_rows(&v, blk, kvh, n, d, rows, work) };
     }
 }
 
-/// Scores of every head of the group against the `n` K rows at `base` (`stride` apart), into
-/// `scores[g · ctx + first..]`.
+/// What a build does with one KV block's rows, whichever way [`with_rows`] reads them.
+pub(super) trait BlockWork {
+    /// Runs on the block's rows: the first at `base`, the next `stride` values apart.
+    ///
+    /// # Safety
+    /// The block's rows are readable there; the calling build's target features are
+    /// available (implementations are `inline(always)`, so they compile with them).
+    unsafe fn run<R: KvElem>(self, base: *const R, stride: usize);
+}
+
+/// Runs `work` on the `n` rows of block `blk` for KV head `kvh`: where they are for a type
+/// without scales (f32; f16 converted as each vector is loaded, the same values as widening
+/// the block first without writing and reading it again, which cost more than f16's halved
+/// bytes saved), or, for int8, widened once per block with their per-row scales into
+/// `scratch` (the group's query heads then share the scaled rows).
 ///
 /// # Safety
-/// As [`attend_group`]; `n` rows of `head_dim` values readable at `stride`.
-#[allow(clippy::too_many_arguments)]
+/// AVX2/F16C available; the block's `n` rows are inside `cache.values`; `scratch` holds
+/// `n * head_dim` values.
 #[inline(always)]
-unsafe fn score_block<R: KvElem>(
-    q_g: &[f32],
+pub(super) unsafe fn with_rows<E: KvElem, W: BlockWork>(
+    cache: &Rows<'_, E>,
+    blk: usize,
+    kvh: usize,
+    n: usize,
     d: &super::Dims,
-    base: *const R,
-    stride: usize,
+    scratch: &mut [f32],
+    work: W,
+) {
+    // SAFETY (both): by the caller's contract.
+    if cache.scales.is_none() {
+        let (base, stride) = in_place(cache, blk, kvh, d);
+        unsafe { work.run(base, stride) }
+    } else {
+        let (base, stride) = unsafe { widen(cache, blk, kvh, n, d, scratch) };
+        unsafe { work.run(base, stride) }
+    }
+}
+
+/// Scores of every head of the group against a block's `n` K rows, into
+/// `scores[g · ctx + first..]`.
+struct ScoreBlock<'a> {
+    q_g: &'a [f32],
+    d: &'a super::Dims,
     n: usize,
     first: usize,
     ctx: usize,
-    scores: &mut [f32],
-) {
-    let hd = d.head_dim;
-    for g in 0..d.group {
-        let q = &q_g[g * hd..(g + 1) * hd];
-        let s = &mut scores[g * ctx + first..g * ctx + first + n];
-        let mut o = 0;
-        while o + 8 <= n {
-            // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
+    scores: &'a mut [f32],
+}
+
+impl BlockWork for ScoreBlock<'_> {
+    #[inline(always)]
+    unsafe fn run<R: KvElem>(self, base: *const R, stride: usize) {
+        let (d, n, first, ctx) = (self.d, self.n, self.first, self.ctx);
+        let hd = d.head_dim;
+        for g in 0..d.group {
+            let q = &self.q_g[g * hd..(g + 1) * hd];
+            let s = &mut self.scores[g * ctx + first..g * ctx + first + n];
+            let mut o = 0;
+            while o + 8 <= n {
+                // SAFETY: rows o..o + 8 are readable at `stride`; s has 8 values from o.
+                unsafe {
+                    let dots = dot8(q, base.add(o * stride), stride);
+                    _mm256_storeu_ps(
+                        s.as_mut_ptr().add(o),
+                        _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)),
+                    );
+                }
+                o += 8;
+            }
+            while o < n {
+                // SAFETY: row o is readable.
+                s[o] = unsafe { dot1(q, base.add(o * stride)) } * d.scale;
+                o += 1;
+            }
+        }
+    }
+}
+
+/// Adds a block's `n` weighted V rows (weights `scores[g · ctx + first..]`) to every head of
+/// the group in `out_g`.
+struct WeighBlock<'a> {
+    scores: &'a [f32],
+    d: &'a super::Dims,
+    first: usize,
+    n: usize,
+    ctx: usize,
+    out_g: &'a mut [f32],
+}
+
+impl BlockWork for WeighBlock<'_> {
+    #[inline(always)]
+    unsafe fn run<R: KvElem>(self, base: *const R, stride: usize) {
+        let (hd, ctx, first, n) = (self.d.head_dim, self.ctx, self.first, self.n);
+        for g in 0..self.d.group {
+            let w = &self.scores[g * ctx + first..g * ctx + first + n];
+            let out = &mut self.out_g[g * hd..(g + 1) * hd];
+            // SAFETY: n rows of hd values at `stride`; out is hd values.
             unsafe {
-                let dots = dot8(q, base.add(o * stride), stride);
-                _mm256_storeu_ps(
-                    s.as_mut_ptr().add(o),
-                    _mm256_mul_ps(dots, _mm256_set1_ps(d.scale)),
-                );
-            }
-            o += 8;
-        }
-        while o < n {
-            // SAFETY: row o is readable.
-            s[o] = unsafe { dot1(q, base.add(o * stride)) } * d.scale;
-            o += 1;
-        }
-    }
-}
-
-/// Adds the weighted V rows of one block to every head of the group: `w` is (scores, the
-/// block's first position, its rows, ctx).
-///
-/// # Safety
-/// As [`attend_group`]; the block's rows of `head_dim` values readable at `stride`.
-#[inline(always)]
-unsafe fn weigh_block<R: KvElem>(
-    (scores, first, n, ctx): (&[f32], usize, usize, usize),
-    d: &super::Dims,
-    base: *const R,
-    stride: usize,
-    out_g: &mut [f32],
-) {
-    let hd = d.head_dim;
-    for g in 0..d.group {
-        let w = &scores[g * ctx + first..g * ctx + first + n];
-        let out = &mut out_g[g * hd..(g + 1) * hd];
-        // SAFETY: n rows of hd values at `stride`; out is hd values.
-        unsafe {
-            match hd {
-                64 => weigh::<8, R>(w, base, stride, out),
-                128 => weigh::<16, R>(w, base, stride, out),
-                _ => weigh_any(w, base, stride, out),
+                match hd {
+                    64 => weigh::<8, R>(w, base, stride, out),
+                    128 => weigh::<16, R>(w, base, stride, out),
+                    _ => weigh_any(w, base, stride, out),
+                }
             }
         }
     }
 }
 
-/// The rows of block `blk` for KV head `kvh` where they are, for a type without scales
-/// (f32; f16, converted as each vector is loaded, the same values as widening the block
-/// first without writing and reading it again): `(first row, stride)`.
+/// The rows of block `blk` for KV head `kvh` where they are: `(first row, stride)`.
 ///
 /// # Panics
 /// If the block is not inside the cache.
 #[inline(always)]
-pub(super) fn in_place<E>(
-    cache: &Rows<'_, E>,
-    blk: usize,
-    kvh: usize,
-    d: &super::Dims,
-) -> (*const E, usize) {
+fn in_place<E>(cache: &Rows<'_, E>, blk: usize, kvh: usize, d: &super::Dims) -> (*const E, usize) {
     let kv_width = d.n_kv_heads * d.head_dim;
     let at0 = (blk * d.block_size * d.n_kv_heads + kvh) * d.head_dim;
     assert!(at0 + (d.block_size - 1) * kv_width + d.head_dim <= cache.values.len());
@@ -205,14 +235,14 @@ pub(super) fn prefetch_rows<E: KvElem>(
     }
 }
 
-/// Rows of block `blk` for KV head `kvh` as f32: `(first row, stride)`. f32 rows are the
-/// cache itself; f16 and int8 rows (times their scales) are widened into `scratch`.
+/// The `n` rows of block `blk` for KV head `kvh` times their scales, widened into `scratch`:
+/// `(first row, stride)`.
 ///
 /// # Safety
-/// AVX2/F16C available; the block's `n` rows are inside `rows.values`; `scratch` holds
+/// AVX2/F16C available; the block's `n` rows are inside `cache.values`; `scratch` holds
 /// `n * head_dim` values.
 #[inline(always)]
-pub(super) unsafe fn widen<E: KvElem>(
+unsafe fn widen<E: KvElem>(
     cache: &Rows<'_, E>,
     blk: usize,
     kvh: usize,
@@ -225,9 +255,6 @@ pub(super) unsafe fn widen<E: KvElem>(
     let si0 = blk * d.block_size * d.n_kv_heads + kvh;
     let at0 = si0 * hd;
     assert!(at0 + (n.max(1) - 1) * kv_width + hd <= cache.values.len());
-    if let Some(f) = E::as_f32(cache.values) {
-        return (f[at0..].as_ptr(), kv_width);
-    }
     for o in 0..n {
         let sv = _mm256_set1_ps(cache.scale(si0 + o * d.n_kv_heads));
         for j in (0..hd).step_by(8) {

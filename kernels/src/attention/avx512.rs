@@ -8,18 +8,18 @@
 //! - values: the weighted sum of a block's V rows for up to four heads (two at head size 128)
 //!   stays in registers; each V row is loaded once for all of them.
 //!
-//! As in the AVX2 build, f32 and f16 rows are read where they are in the cache (f16 converted
-//! as each vector is loaded: at 16 sequences the attention waits on memory, so the f16
-//! cache's halved bytes count) and int8 rows, which carry a scale per row, are widened with
-//! it once per block. The values are the same either way (f16 → f32 is exact).
+//! Rows are read as the AVX2 build reads them ([`super::avx2::with_rows`]): f32 and f16 where
+//! they are in the cache (f16 converted as each vector is loaded: at 16 sequences the
+//! attention waits on memory, so the f16 cache's halved bytes count), int8 widened with its
+//! per-row scale once per block. The values are the same either way (f16 → f32 is exact).
 //!
 //! A head's result does not depend on which heads share its pass, nor on the batch: every sum
 //! runs in the same order for every head.
 
 use std::arch::x86_64::*;
 
-use super::avx2::{dot1, in_place, prefetch_rows, softmax, sum8, widen};
-use super::{Dims, GroupArgs, Scratch};
+use super::avx2::{dot1, prefetch_rows, softmax, sum8, with_rows, BlockWork};
+use super::{Dims, GroupArgs, Rows, Scratch};
 use crate::kv_cache::elem::KvElem;
 
 /// Query heads scored together against one set of eight K rows.
@@ -49,30 +49,30 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     let n_blocks = ctx.div_ceil(bs);
     let table = args.seq.block_table;
     let block = |b: usize| (b * bs, table[b] as usize, bs.min(ctx - b * bs));
+    // The blocks of a sequence are scattered: each loop asks for the next one's rows early.
+    let prefetch_next = |cache: &Rows<'_, E>, b: usize| {
+        if b + 1 < n_blocks {
+            let (_, next, n_next) = block(b + 1);
+            prefetch_rows(cache, next, kvh, n_next, d);
+        }
+    };
 
     for b in 0..n_blocks {
         let (first, blk, n) = block(b);
-        if b + 1 < n_blocks {
-            let (_, next, n_next) = block(b + 1);
-            prefetch_rows(&args.k, next, kvh, n_next, d);
-        }
-        let at = Scored {
-            scores: &mut *scores,
-            ctx,
-            at: first,
-            scale: d.scale,
+        prefetch_next(&args.k, b);
+        let work = ScoreBlock {
+            q_g: args.q_g,
+            d,
+            n,
+            out: Scored {
+                scores: &mut *scores,
+                ctx,
+                at: first,
+                scale: d.scale,
+            },
         };
-        // SAFETY (both): the block is inside the cache (validated by the caller); rows holds
-        // bs rows.
-        unsafe {
-            if args.k.scales.is_none() {
-                let (base, stride) = in_place(&args.k, blk, kvh, d);
-                score_block(args.q_g, d, base, stride, n, at);
-            } else {
-                let (base, stride) = widen(&args.k, blk, kvh, n, d, rows);
-                score_block(args.q_g, d, base, stride, n, at);
-            }
-        }
+        // SAFETY: the block is inside the cache (validated by the caller); rows holds bs rows.
+        unsafe { with_rows(&args.k, blk, kvh, n, d, rows, work) };
     }
 
     for s in scores.chunks_exact_mut(ctx) {
@@ -83,101 +83,93 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     out_g.fill(0.0);
     for b in 0..n_blocks {
         let (first, blk, n) = block(b);
-        if b + 1 < n_blocks {
-            let (_, next, n_next) = block(b + 1);
-            prefetch_rows(&args.v, next, kvh, n_next, d);
-        }
+        prefetch_next(&args.v, b);
         let weights = Weights {
             scores,
             ctx,
             first,
             n,
         };
-        // SAFETY (both): as for K; out_g holds group · head_dim values.
-        unsafe {
-            if args.v.scales.is_none() {
-                let (base, stride) = in_place(&args.v, blk, kvh, d);
-                weigh_block(&weights, d, base, stride, out_g);
-            } else {
-                let (base, stride) = widen(&args.v, blk, kvh, n, d, rows);
-                weigh_block(&weights, d, base, stride, out_g);
-            }
-        }
+        let work = WeighBlock {
+            w: &weights,
+            d,
+            out_g: &mut *out_g,
+        };
+        // SAFETY: as for K; out_g holds group · head_dim values.
+        unsafe { with_rows(&args.v, blk, kvh, n, d, rows, work) };
     }
 }
 
-/// Scores of every head of the group against the `n` K rows at `base` (`stride` apart),
-/// written from `out.at` on.
-///
-/// # Safety
-/// As [`attend_group`]; `n` rows of `head_dim` values readable at `stride`; `out.scores`
-/// holds `group · ctx` values.
-#[inline(always)]
-unsafe fn score_block<R: KvElem>(
-    q_g: &[f32],
-    d: &Dims,
-    base: *const R,
-    stride: usize,
+/// Scores of every head of the group against a block's `n` K rows, written from `out.at` on.
+struct ScoreBlock<'a> {
+    q_g: &'a [f32],
+    d: &'a Dims,
     n: usize,
-    out: Scored<'_>,
-) {
-    let (hd, group) = (d.head_dim, d.group);
-    let mut g0 = 0;
-    while g0 < group {
-        let heads = SCORE_HEADS.min(group - g0);
-        let mut o = 0;
-        while o + 8 <= n {
-            let at = Scored {
-                scores: &mut *out.scores,
-                ctx: out.ctx,
-                at: out.at + o,
-                scale: out.scale,
-            };
-            // SAFETY: rows o..o + 8 are readable at `stride`; each head's q is hd values;
-            // scores has 8 places from `at + o` for every head.
-            unsafe {
-                let rows = base.add(o * stride);
-                match heads {
-                    3 => score8::<3, R>(q_g, g0, hd, rows, stride, at),
-                    2 => score8::<2, R>(q_g, g0, hd, rows, stride, at),
-                    _ => score8::<1, R>(q_g, g0, hd, rows, stride, at),
+    out: Scored<'a>,
+}
+
+impl BlockWork for ScoreBlock<'_> {
+    #[inline(always)]
+    unsafe fn run<R: KvElem>(self, base: *const R, stride: usize) {
+        let (q_g, n, out) = (self.q_g, self.n, self.out);
+        let (hd, group) = (self.d.head_dim, self.d.group);
+        let mut g0 = 0;
+        while g0 < group {
+            let heads = SCORE_HEADS.min(group - g0);
+            let mut o = 0;
+            while o + 8 <= n {
+                let at = Scored {
+                    scores: &mut *out.scores,
+                    ctx: out.ctx,
+                    at: out.at + o,
+                    scale: out.scale,
+                };
+                // SAFETY: rows o..o + 8 are readable at `stride`; each head's q is hd values;
+                // scores has 8 places from `at + o` for every head.
+                unsafe {
+                    let rows = base.add(o * stride);
+                    match heads {
+                        3 => score8::<3, R>(q_g, g0, hd, rows, stride, at),
+                        2 => score8::<2, R>(q_g, g0, hd, rows, stride, at),
+                        _ => score8::<1, R>(q_g, g0, hd, rows, stride, at),
+                    }
+                }
+                o += 8;
+            }
+            for o in o..n {
+                for g in g0..g0 + heads {
+                    let q = &q_g[g * hd..(g + 1) * hd];
+                    // SAFETY: row o is readable.
+                    out.scores[g * out.ctx + out.at + o] =
+                        unsafe { dot1(q, base.add(o * stride)) } * out.scale;
                 }
             }
-            o += 8;
+            g0 += heads;
         }
-        for o in o..n {
-            for g in g0..g0 + heads {
-                let q = &q_g[g * hd..(g + 1) * hd];
-                // SAFETY: row o is readable.
-                out.scores[g * out.ctx + out.at + o] =
-                    unsafe { dot1(q, base.add(o * stride)) } * out.scale;
-            }
-        }
-        g0 += heads;
     }
 }
 
-/// Adds the weighted `w.n` V rows at `base` to every head of the group in `out_g`.
-///
-/// # Safety
-/// As [`attend_group`]; `w.n` rows of `head_dim` values readable at `stride`.
-#[inline(always)]
-unsafe fn weigh_block<R: KvElem>(
-    w: &Weights<'_>,
-    d: &Dims,
-    base: *const R,
-    stride: usize,
-    out_g: &mut [f32],
-) {
-    let mut g0 = 0;
-    while g0 < d.group {
-        // SAFETY: by the caller's contract.
-        g0 += unsafe {
-            match d.head_dim {
-                64 => weigh_heads::<4, R>(w, g0, d.group, base, stride, out_g),
-                _ => weigh_heads::<8, R>(w, g0, d.group, base, stride, out_g),
-            }
-        };
+/// Adds a block's weighted V rows to every head of the group in `out_g`.
+struct WeighBlock<'a> {
+    w: &'a Weights<'a>,
+    d: &'a Dims,
+    out_g: &'a mut [f32],
+}
+
+impl BlockWork for WeighBlock<'_> {
+    #[inline(always)]
+    unsafe fn run<R: KvElem>(self, base: *const R, stride: usize) {
+        let (w, d) = (self.w, self.d);
+        let mut g0 = 0;
+        while g0 < d.group {
+            // SAFETY: by the caller's contract.
+            g0 += unsafe {
+                match d.head_dim {
+                    64 => weigh_heads::<4, R>(w, g0, d.group, base, stride, self.out_g),
+                    _ => weigh_heads::<8, R>(w, g0, d.group, base, stride, self.out_g),
+                }
+            };
+        }
     }
 }
 

@@ -11,9 +11,6 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     /// The value as f32 (portable path).
     fn to_f32(self) -> f32;
 
-    /// The slice itself when the elements already are f32 (read in place, not widened).
-    fn as_f32(values: &[Self]) -> Option<&[f32]>;
-
     /// Eight consecutive values as f32 lanes.
     ///
     /// # Safety
@@ -33,11 +30,6 @@ impl KvElem for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
-    }
-
-    #[inline(always)]
-    fn as_f32(values: &[Self]) -> Option<&[f32]> {
-        Some(values)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -61,11 +53,6 @@ impl KvElem for half::f16 {
         half::f16::to_f32(self)
     }
 
-    #[inline(always)]
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn load8(p: *const Self) -> __m256 {
@@ -85,11 +72,6 @@ impl KvElem for i8 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self as f32
-    }
-
-    #[inline(always)]
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
     }
 
     #[cfg(target_arch = "x86_64")]

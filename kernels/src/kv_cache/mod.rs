@@ -25,7 +25,7 @@ pub use write::write_kv;
 /// Element type of the KV cache (`--kv-cache-dtype`). The default is f16, as in llama.cpp:
 /// twice the tokens of f32 in the same memory, perplexity within the noise of f32 (+0.17 %,
 /// docs/benchmarks.md), and faster with many sequences, whose decode steps wait on reading
-/// the cache (the AVX-512 attention converts f16 as it loads).
+/// the cache (the SIMD attention builds convert f16 as they load it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub enum KvDtype {
     /// 4 bytes per value, exact.

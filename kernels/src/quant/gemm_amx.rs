@@ -114,7 +114,7 @@ pub(super) unsafe fn gemm<F: Format>(
 struct Group {
     /// `d[16 b + n]`: row n's `d` in block b.
     d: Vec<f32>,
-    /// `m[16 b + n]` (formats with an offset).
+    /// `m[16 b + n]` (formats with an offset; empty otherwise).
     m: Vec<f32>,
     /// `q[b]`: block b of the 16 rows as unsigned bytes, row after row (Q4 only).
     q: Vec<TileBytes>,
@@ -142,7 +142,7 @@ impl Group {
     fn new<F: Format>(nb: usize) -> Self {
         Self {
             d: vec![0.0; nb * GROUP],
-            m: vec![0.0; nb * GROUP],
+            m: vec![0.0; if F::HAS_OFFSET { nb * GROUP } else { 0 }],
             q: vec![TileBytes([0; GROUP * QB]); if F::SIGNED { 0 } else { nb }],
             sums: vec![TileI32([0; GROUP * 16]); nb],
             order: (0..CHAINS).flat_map(|c| (c..nb).step_by(CHAINS)).collect(),
@@ -279,7 +279,8 @@ impl Group {
             let ps = _mm512_load_ps(pb.s.as_ptr());
             let isum = self.sums.get_unchecked(b).0.as_ptr();
             let d = self.d.as_ptr().add(GROUP * b);
-            let m = self.m.as_ptr().add(GROUP * b);
+            // Empty without an offset: only read when F::HAS_OFFSET.
+            let m = self.m.as_ptr().wrapping_add(GROUP * b);
             for (n, a) in acc.iter_mut().enumerate() {
                 let s = _mm512_cvtepi32_ps(_mm512_load_si512(isum.add(16 * n) as *const __m512i));
                 *a = _mm512_fmadd_ps(s, _mm512_mul_ps(_mm512_set1_ps(*d.add(n)), pd), *a);

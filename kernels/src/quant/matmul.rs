@@ -12,8 +12,9 @@
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
 //! 16 activation rows; with AVX-512 VNNI the panels hold 16 rows, one per 512-bit register
 //! (`gemm_avx512`), and with AMX 16 weight rows × 16 activation rows of a block's integer
-//! sums are one tile product (`gemm_amx`). Every path computes each output with the same operations in the same
-//! order ([`super::format`]), so a row's result does not depend on the batch it is in.
+//! sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). Every path computes
+//! each output with the same operations in the same order ([`super::format`]), so a row's
+//! result does not depend on the batch it is in.
 
 use std::sync::OnceLock;
 

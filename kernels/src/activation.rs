@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 /// In place: `gate[i] = silu(gate[i]) * up[i]` where `silu(x) = x / (1 + e^-x)`.
 ///
-/// On AVX2 every value goes through the same 8-wide exponential ([`crate::vexp`]), the last
+/// On AVX2 every value goes through the same 8-wide exponential (`crate::vexp`), the last
 /// partial group padded, so a value's result does not depend on where it falls in the slice
 /// (the batch it is in); elsewhere libm's `exp`.
 ///

@@ -8,7 +8,7 @@
 //! f32 in registers; an int8 row's scale multiplies its dot product (K) or its softmax weight
 //! (V), so dequantised rows never exist in memory.
 //!
-//! Builds: portable, AVX2 ([`avx2`]) and, for head sizes 64 and 128, AVX-512 ([`avx512`]);
+//! Builds: portable, AVX2 (`avx2`) and, for head sizes 64 and 128, AVX-512 (`avx512`);
 //! the widest this CPU runs is used for every call, so a token's result never depends on the
 //! batch it is in.
 

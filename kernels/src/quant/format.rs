@@ -28,7 +28,7 @@ pub(crate) const CHAINS: usize = 4;
 /// docs/benchmarks.md needed to keep decode's loads from waiting on memory.
 pub(crate) const WEIGHTS_AHEAD: usize = 1024;
 
-/// Which of the formats: the public name of a [`Format`].
+/// Which of the formats: the public name of a `Format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantType {
     Q4_0,

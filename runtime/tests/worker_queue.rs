@@ -189,3 +189,50 @@ async fn jobs_wait_for_a_worker_and_withdrawn_jobs_never_run(h: Harness) {
     assert_eq!((depth.backlog, depth.in_flight), (0, 0));
     assert_eq!(usage_events(&*b).await.len(), 3);
 }
+
+/// With a prefill budget a worker holds only the jobs whose prefill it can start soon,
+/// leaving the rest queued for other workers; without one it takes every job at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_budget_bounds_the_jobs_a_worker_holds() {
+    // one token per engine step, so each 64-token prompt takes 64 steps to prefill
+    let (_dir, model) = tiny_model_stepwise(&fast_spec());
+    let long: Vec<Vec<u32>> = (0..6)
+        .map(|i| {
+            (0..64)
+                .map(|k| 2 + ((i * 11 + k * 7) % 90) as u32)
+                .collect()
+        })
+        .collect();
+    for (budget, allowed) in [(Some(32), 1..=2), (None, 3..=6)] {
+        let h = Harness::memory();
+        let b = h.broker.clone();
+        let jobs: Vec<_> = long.iter().map(|p| job("m", p, 4)).collect();
+        for j in &jobs {
+            b.enqueue(j).await.unwrap();
+        }
+        let mut config = test_config("m", "w1");
+        config.claim_prefill_budget_tokens = budget;
+        let worker = spawn_worker(model.clone(), b.clone(), config);
+        let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
+        let reader = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                for id in ids {
+                    assert_complete(&read_to_end(&*b, id, LONG).await);
+                }
+            })
+        };
+        let mut most = 0;
+        while !reader.is_finished() {
+            most = most.max(worker.status.held());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        reader.await.unwrap();
+        let summary = worker.shutdown().await;
+        assert_eq!((summary.claimed, summary.completed), (6, 6));
+        // a budget of half a prompt: the job in prefill, and one more once that prefill is
+        // done (while the first decodes, which a sample may miss); greedy: the six at once
+        // (in one claim or two), held through the prefills
+        assert!(allowed.contains(&most), "budget {budget:?}: held {most}");
+    }
+}

@@ -70,6 +70,12 @@ pub struct WorkerArgs {
     /// Most jobs held at once (default: --max-num-seqs).
     #[arg(long)]
     pub max_jobs: Option<usize>,
+    /// Claim jobs only while the prompt tokens queued for prefill stay under this many, so
+    /// that a worker busy prefilling long prompts leaves new jobs to free workers (about the
+    /// prefill tokens/s of `tidal bench profile` times the seconds a request may wait for a
+    /// busy worker; default: claim whenever slots and KV blocks allow).
+    #[arg(long)]
+    pub claim_prefill_budget_tokens: Option<usize>,
 }
 
 fn prometheus() -> anyhow::Result<PrometheusHandle> {
@@ -185,6 +191,7 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     config.drain_timeout = w.drain_timeout;
     config.claim_timeout = w.claim_timeout;
     config.max_jobs = w.max_jobs;
+    config.claim_prefill_budget_tokens = w.claim_prefill_budget_tokens;
     config.validate()?;
 
     let broker_config = BrokerConfig {

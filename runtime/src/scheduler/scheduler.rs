@@ -28,6 +28,13 @@ pub struct SchedulerStats {
     pub num_running: usize,
     /// Sequences waiting (new or preempted).
     pub num_waiting: usize,
+    /// Tokens of running and waiting sequences still to be computed before each can yield
+    /// its next token (prompt chunks, or a preempted sequence's recompute); a decoding
+    /// sequence counts none. The prefill work queued in this engine.
+    pub num_prefill_tokens_pending: usize,
+    /// Moving average (weight 1/8) of the prompt lengths of the sequences added lately; 0
+    /// before the first.
+    pub recent_prompt_tokens: usize,
 }
 
 /// Continuous-batching scheduler over a paged KV cache; see the module docs.
@@ -43,6 +50,7 @@ pub struct Scheduler {
     /// Sequences of the last batch whose KV is not yet known to be written.
     uncommitted: Vec<SeqId>,
     num_preemptions: u64,
+    recent_prompt_tokens: usize,
 }
 
 impl Scheduler {
@@ -74,6 +82,7 @@ impl Scheduler {
             running: Vec::new(),
             uncommitted: Vec::new(),
             num_preemptions: 0,
+            recent_prompt_tokens: 0,
         })
     }
 
@@ -109,6 +118,10 @@ impl Scheduler {
                 num_blocks: self.kv.num_blocks(),
             });
         }
+        self.recent_prompt_tokens = match self.recent_prompt_tokens {
+            0 => prompt.len(),
+            avg => (avg * 7 + prompt.len()).div_ceil(8),
+        };
         let mut seq = Sequence::new(prompt, max_new_tokens);
         if self.kv.prefix_caching() {
             seq.update_hashes(self.cfg.block_size);
@@ -332,6 +345,14 @@ impl Scheduler {
             preemptions: self.num_preemptions,
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
+            num_prefill_tokens_pending: self
+                .running
+                .iter()
+                .chain(&self.waiting)
+                .filter_map(|id| self.seqs.get(id))
+                .map(|s| s.num_pending().saturating_sub(1))
+                .sum(),
+            recent_prompt_tokens: self.recent_prompt_tokens,
         }
     }
 
@@ -494,6 +515,27 @@ mod tests {
         );
         assert_eq!(s.add(3, prompt(1, 1), usize::MAX).map_err(|_| ()), Err(()));
         assert_eq!((s.num_waiting(), s.num_running()), (1, 0));
+    }
+
+    #[test]
+    fn stats_count_the_prefill_still_queued_and_the_recent_prompt_length() {
+        let mut s = Scheduler::new(cfg(5, 4, 4, 32, false));
+        assert_eq!(s.stats().num_prefill_tokens_pending, 0);
+        assert_eq!(s.stats().recent_prompt_tokens, 0);
+        s.add(1, prompt(13, 1), 3).unwrap();
+        s.add(2, prompt(5, 2), 3).unwrap();
+        // 12 and 4: the last prompt token is the one that yields the first new token
+        assert_eq!(s.stats().num_prefill_tokens_pending, 16);
+        // 13, then (13 x 7 + 5) / 8 rounded up
+        assert_eq!(s.stats().recent_prompt_tokens, 12);
+        step(&mut s); // 5 tokens of the first prompt
+        assert_eq!(s.stats().num_prefill_tokens_pending, 11);
+        while s.stats().num_prefill_tokens_pending > 0 {
+            step(&mut s);
+        }
+        // both decode now: nothing but one token each
+        assert_eq!((s.num_running(), s.num_waiting()), (2, 0));
+        assert!(s.has_unfinished());
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct WorkerConfig {
     /// claimed only while the free blocks cover this much for it and every held job that
     /// the engine has not admitted yet.
     pub kv_tokens_per_job: usize,
+    /// Claim only while the prompt tokens queued for prefill stay under this many
+    /// ([`super::capacity::claimable`]); `None`: claim whenever slots and KV blocks allow.
+    pub claim_prefill_budget_tokens: Option<usize>,
 }
 
 impl WorkerConfig {
@@ -65,6 +68,7 @@ impl WorkerConfig {
             claim_block: Duration::from_millis(500),
             max_jobs: None,
             kv_tokens_per_job: 256,
+            claim_prefill_budget_tokens: None,
         }
     }
 
@@ -110,6 +114,9 @@ impl WorkerConfig {
         if self.kv_tokens_per_job == 0 {
             return bad("KV tokens per job must be at least 1".into());
         }
+        if self.claim_prefill_budget_tokens == Some(0) {
+            return bad("the claim prefill budget must be at least 1 token".into());
+        }
         Ok(())
     }
 }
@@ -151,6 +158,9 @@ mod tests {
         cases.push(c);
         let mut c = base.clone();
         c.kv_tokens_per_job = 0;
+        cases.push(c);
+        let mut c = base.clone();
+        c.claim_prefill_budget_tokens = Some(0);
         cases.push(c);
         for c in cases {
             assert!(c.validate().is_err(), "{c:?}");

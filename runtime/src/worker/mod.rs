@@ -5,7 +5,8 @@
 //!
 //! Shape:
 //! * The claim loop ([`Worker::run`]) claims only while the engine has room
-//!   ([`capacity::claimable`]: free job slots and KV blocks, nothing waiting in the engine),
+//!   ([`capacity::claimable`]: free job slots and KV blocks, nothing waiting in the engine,
+//!   and, with a prefill budget, prefill work queued under it),
 //!   and while it has room, scans for jobs of dead workers (idle past the claim timeout).
 //! * One task per held job (`job.rs`) streams it; deltas that pile up while an append is in
 //!   flight are merged into one event, and appends of different jobs pipeline on the
@@ -166,7 +167,13 @@ impl Worker {
         loop {
             while tasks.try_join_next().is_some() {}
             let stats = shared.model.engine.stats();
-            let room = capacity::claimable(shared.registry.len(), max_jobs, &stats, blocks_per_job);
+            let room = capacity::claimable(
+                shared.registry.len(),
+                max_jobs,
+                &stats,
+                blocks_per_job,
+                config.claim_prefill_budget_tokens,
+            );
             if room == 0 {
                 tokio::select! {
                     _ = &mut shutdown => break,

@@ -56,6 +56,9 @@ pub enum BenchCommand {
     },
     /// Memory read bandwidth of this machine (the ceiling for batch-1 decode).
     Bandwidth,
+    /// The simulator's service profile of one replica (prefill and decode rates, cold start),
+    /// measured on this runtime, as JSON for `tidal sim --service-profile`.
+    Profile(super::bench_profile::ProfileArgs),
     /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
     /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
     /// memory budget holds per dtype.
@@ -167,8 +170,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         } => {
             let loaded = engine.load()?;
             let tokenizer = loaded.engine.tokenizer().clone();
-            let prompt = text_tokens(&tokenizer, 0, prompt_tokens);
-            let report = bench::decode(&loaded.engine, &prompt, generate, repeats)?;
+            // one prompt per run: a repeated prompt would be a prefix-cache hit
+            let prompts: Vec<Vec<u32>> = (0..repeats.max(1))
+                .map(|i| text_tokens(&tokenizer, i, prompt_tokens))
+                .collect();
+            let report = bench::decode(&loaded.engine, &prompts, generate)?;
             // The weights as loaded: a re-quantised model reads more or fewer bytes than its file.
             let weights_mb = loaded.engine.weight_bytes() as f64 / 1e6;
             let bandwidth = bench::memory_bandwidth_gb_per_s(1 << 30);
@@ -252,6 +258,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             queue,
         } => bench_worker(&engine, requests, prompt_tokens, generate, queue)?,
         BenchCommand::Perplexity(args) => perplexity(args)?,
+        BenchCommand::Profile(args) => super::bench_profile::run(args)?,
         BenchCommand::Bandwidth => {
             let gb = bench::memory_bandwidth_gb_per_s(1 << 30);
             print(&serde_json::json!({"bench": "bandwidth", "gb_per_s": gb}));
@@ -359,7 +366,7 @@ fn print(value: &serde_json::Value) {
 
 /// Exactly `n` tokens of English text; `variant` changes the first words so that prompts of
 /// different requests share no prefix-cache block.
-fn text_tokens(tokenizer: &Tokenizer, variant: usize, n: usize) -> Vec<u32> {
+pub(super) fn text_tokens(tokenizer: &Tokenizer, variant: usize, n: usize) -> Vec<u32> {
     let mut text = format!("Request number {variant}. ");
     while tokenizer.encode(&text, false).len() < n + 1 {
         text.push_str(TEXT);

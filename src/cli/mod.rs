@@ -1,6 +1,7 @@
 //! One module per subcommand; shared flag groups and parsing helpers.
 
 pub mod bench;
+pub mod bench_profile;
 pub mod billing;
 pub mod controller;
 pub mod crd;

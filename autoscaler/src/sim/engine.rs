@@ -326,7 +326,9 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
         },
         completed: 0,
     };
+    // A fleet that is ready at t = 0 started one cold start earlier, and paid for it.
     let init = scaler.initial();
+    let cold_ms = (cfg.profile.cold_start_s * 1000.0).round() as u64;
     for (cap, k) in [
         (Capacity::Spot, init.spot),
         (Capacity::OnDemand, init.on_demand),
@@ -335,6 +337,11 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
             let mut r = Replica::new(cap, 0);
             r.phase = Phase::Ready;
             sim.replicas.push(r);
+            sim.run.cold_starts += 1;
+            match cap {
+                Capacity::Spot => sim.run.spot_ms += cold_ms,
+                Capacity::OnDemand => sim.run.on_demand_ms += cold_ms,
+            }
         }
     }
     let dt = cfg.dt_ms.max(1);

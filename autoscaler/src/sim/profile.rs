@@ -64,20 +64,23 @@ pub enum ProfileError {
 }
 
 impl ServiceProfile {
-    /// SmolLM2-135M on 2 CPU cores: 69-103 tokens/s batch-1 decode (86 taken), ~112 tokens/s
-    /// aggregate at 16 sequences, 1,200-token prefill in ~4.5 s (267 tokens/s).
+    /// SmolLM2-135M (Q4_1 as shipped) on 2 CPU cores, measured with `tidal bench profile`
+    /// (session 8, medians of three runs of five): 1,469-token prefill at 660 tokens/s,
+    /// 164 tokens/s batch-1 decode, 554 tokens/s aggregate at 16 sequences, model load
+    /// 0.08 s on top of 30 s for node and image; 6 requests in flight per replica (those
+    /// it prefills within half the 30 s TTFT target).
     pub fn cpu_smollm2() -> Self {
         Self {
             name: "cpu-smollm2-135m".into(),
-            prefill_tokens_per_s: 1200.0 / 4.5,
-            decode_tokens_per_s_single: 86.0,
-            decode_tokens_per_s_at_max: 112.0,
+            prefill_tokens_per_s: 660.0,
+            decode_tokens_per_s_single: 164.0,
+            decode_tokens_per_s_at_max: 554.0,
             max_concurrent_seqs: 16,
             cold_start_s: 30.0,
             spot_price_micros_per_hour: 34_000,
             on_demand_price_micros_per_hour: 85_000,
             ttft_slo_s: 30.0,
-            target_in_flight: 1.0,
+            target_in_flight: 6.0,
         }
     }
 

@@ -1,16 +1,18 @@
 //! Turning raw runs into the comparison: cost, replica-hours, latency percentiles, SLO
-//! attainment, and the two lower bounds every cost is compared with.
+//! attainment, and the lower bounds every cost is compared with.
 //!
+//! - [`oracle`]: perfect foresight, whole replicas at the spot price, every request's TTFT
+//!   within the target, and the profile's cold start for every replica it starts, which it
+//!   starts early enough that no request waits for one. Every cost is a ratio to it. It
+//!   bounds every run whose requests all meet the TTFT and are not evicted after their first
+//!   token; [`clairvoyant_bound_ms`] gives the bound for the requests of one run that do.
+//! - [`oracle_no_cold_start`]: the same with replicas that start instantly and free
+//!   ([`bound_ms`]); no simulated fleet can start that way, so it bounds them loosely.
 //! - [`fluid_bound`]: every request's work (prefill at the prefill rate, decode at the fully
 //!   batched rate) billed at the spot price, with no cold start, queueing or idle time. No run
-//!   of any policy can cost less: a billed replica-second does at most one second of that work
-//!   and costs at least the spot price.
-//! - [`oracle`]: perfect foresight, zero cold start, whole replicas, spot price, and every
-//!   request's TTFT within the target. On top of the fluid work it counts that one request
-//!   occupies one whole replica for its unloaded service time, which a fleet meeting the TTFT
-//!   cannot move by more than the TTFT target. It bounds every run whose requests all meet the
-//!   TTFT and are not evicted after their first token; [`bound_ms`] gives the bound for the
-//!   requests of one run that do (see `docs/autoscaling.md`, "The oracle").
+//!   of any policy can cost less, whatever its latency.
+//!
+//! The proofs are in `docs/autoscaling.md`, "The oracle".
 
 use super::engine::{PolicyRun, Sample};
 use super::profile::ServiceProfile;
@@ -142,9 +144,68 @@ pub fn service_ms(r: &Request, p: &ServiceProfile) -> f64 {
     (prefill + decode) * 1000.0
 }
 
-/// Lower bound on the billed replica-ms of a run, ms. `anchored[i]` says that request `i` met
-/// the TTFT target and was not evicted after its first token; every request counts in the
-/// fluid work.
+/// One merged span of anchored requests' occupancy windows, ms.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: f64,
+    end: f64,
+    /// the longest unloaded service in the span
+    longest: f64,
+    /// the prefill of every request in the span
+    prefill: f64,
+}
+
+impl Span {
+    /// Billed ready time the span forces: one replica for its longest service, and at least
+    /// the summed prefill across replicas.
+    fn occupied(&self) -> f64 {
+        self.longest.max(self.prefill)
+    }
+}
+
+/// The disjoint spans of `E = [a, a + slo - p + s]` over the anchored requests, in time order.
+fn anchored_spans(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> Vec<Span> {
+    let slo_ms = p.ttft_slo_s * 1000.0;
+    let mut windows: Vec<Span> = reqs
+        .iter()
+        .zip(anchored)
+        .filter(|(_, a)| **a)
+        .map(|(r, _)| {
+            let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0;
+            let s = service_ms(r, p);
+            let start = r.arrival_ms as f64;
+            Span {
+                start,
+                end: start + slo_ms - prefill + s,
+                longest: s,
+                prefill,
+            }
+        })
+        // a prefill longer than the target cannot meet it: such a request anchors nothing
+        .filter(|w| w.prefill <= slo_ms)
+        .collect();
+    windows.sort_by(|a, b| a.start.total_cmp(&b.start));
+    let mut spans: Vec<Span> = Vec::new();
+    for w in windows {
+        match spans.last_mut() {
+            Some(cur) if w.start <= cur.end => {
+                cur.end = cur.end.max(w.end);
+                cur.longest = cur.longest.max(w.longest);
+                cur.prefill += w.prefill;
+            }
+            _ => spans.push(w),
+        }
+    }
+    spans
+}
+
+fn fluid_ms(reqs: &[Request], p: &ServiceProfile) -> f64 {
+    reqs.iter().map(|r| work_ms(r, p)).sum()
+}
+
+/// Lower bound on the billed replica-ms of a run whose replicas start instantly (no cold
+/// start). `anchored[i]` says that request `i` met the TTFT target and was not evicted after
+/// its first token; every request counts in the fluid work.
 ///
 /// An anchored request `i` (arrival `a`, prefill `p`, unloaded service `s`) sits on one billed
 /// replica for at least `[c, c + s]` with `a <= c <= a + slo - p`, so inside
@@ -153,41 +214,47 @@ pub fn service_ms(r: &Request, p: &ServiceProfile) -> f64 {
 /// and replicas spend at least the summed prefill. Billing outside the spans and the fluid
 /// work give the rest: `max(fluid work, sum over spans of max(longest s, summed prefill))`.
 pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
-    let fluid: f64 = reqs.iter().map(|r| work_ms(r, p)).sum();
-    let slo_ms = p.ttft_slo_s * 1000.0;
-    let mut spans: Vec<(f64, f64, f64, f64)> = reqs
+    let occupied: f64 = anchored_spans(reqs, p, anchored)
         .iter()
-        .zip(anchored)
-        .filter(|(_, a)| **a)
-        .map(|(r, _)| {
-            let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0;
-            let s = service_ms(r, p);
-            let start = r.arrival_ms as f64;
-            (start, start + slo_ms - prefill + s, s, prefill)
-        })
-        // a prefill longer than the target cannot meet it: such a request anchors nothing
-        .filter(|(_, _, _, prefill)| *prefill <= slo_ms)
-        .collect();
-    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut occupied = 0.0;
-    let mut cur: Option<(f64, f64, f64)> = None; // (end, longest s, summed prefill)
-    for (start, end, s, prefill) in spans {
-        cur = match cur {
-            Some((e, longest, pre)) if start <= e => {
-                Some((e.max(end), longest.max(s), pre + prefill))
-            }
-            other => {
-                if let Some((_, longest, pre)) = other {
-                    occupied += f64::max(longest, pre);
-                }
-                Some((end, s, prefill))
-            }
-        };
+        .map(Span::occupied)
+        .sum();
+    fluid_ms(reqs, p).max(occupied)
+}
+
+/// Lower bound on the billed replica-ms of a run that starts with no replica and pays the
+/// profile's cold start `C` for every replica it starts (as every simulated fleet does; a
+/// fleet that is ready at the first arrival started `C` before it), `anchored` as in
+/// [`bound_ms`]. It is what a fleet with perfect foresight pays: it starts each replica `C`
+/// before it is needed, so no request waits for a cold start, and across an idle gap `G`
+/// between spans it keeps a replica when `G < C` and restarts one otherwise.
+///
+/// Proof, on top of [`bound_ms`]'s (whose span billing is ready time): take two consecutive
+/// spans and the gap `G` between them. Either some replica is billed at every moment of the
+/// gap (billing `G` outside every span), or at some moment none is; then the replica that
+/// claims the next span's first anchored request started after that moment, and its cold
+/// start `C` is billed, not ready, and ends before that claim, so before the next gap. The
+/// first anchored request needs a start the same way. Cold-start billing is never ready time,
+/// so: `C + max(fluid work, sum of span occupancy + sum over gaps of min(G, C))`.
+pub fn clairvoyant_bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
+    clairvoyant(reqs, p, anchored).0
+}
+
+/// [`clairvoyant_bound_ms`] and the replica starts of the schedule it describes: one, and one
+/// more after every gap of at least a cold start.
+fn clairvoyant(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u64) {
+    if reqs.is_empty() {
+        return (0.0, 0);
     }
-    if let Some((_, longest, pre)) = cur {
-        occupied += f64::max(longest, pre);
-    }
-    fluid.max(occupied)
+    let cold = p.cold_start_s * 1000.0;
+    let spans = anchored_spans(reqs, p, anchored);
+    let occupied: f64 = spans.iter().map(Span::occupied).sum();
+    let gaps = || spans.windows(2).map(|w| w[1].start - w[0].end);
+    let bridged: f64 = gaps().map(|g| g.min(cold)).sum();
+    let restarts = gaps().filter(|g| *g >= cold).count() as u64;
+    (
+        cold + fluid_ms(reqs, p).max(occupied + bridged),
+        1 + restarts,
+    )
 }
 
 /// A bound as a report row: `ms` of spot billing, each request at its unloaded latency.
@@ -224,15 +291,28 @@ fn bound_row(name: &str, ms: f64, reqs: &[Request], p: &ServiceProfile) -> Polic
 
 /// The fluid lower bound row (`fluid-bound`), valid for every run whatever its latency.
 pub fn fluid_bound(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
-    let work: f64 = reqs.iter().map(|r| work_ms(r, p)).sum();
-    bound_row("fluid-bound", work, reqs, p)
+    bound_row("fluid-bound", fluid_ms(reqs, p), reqs, p)
 }
 
-/// The oracle row: [`bound_ms`] with every request anchored, i.e. the least a fleet with
-/// perfect foresight and no cold start pays to meet every request's TTFT.
+/// The oracle row, the reference of every ratio: [`clairvoyant_bound_ms`] with every request
+/// anchored, i.e. the least a fleet with perfect foresight pays to meet every request's TTFT
+/// when its replicas take the profile's cold start to start, as every other row's do.
 pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let all = vec![true; reqs.len()];
-    bound_row("oracle", bound_ms(reqs, p, &all), reqs, p)
+    let (ms, starts) = clairvoyant(reqs, p, &all);
+    PolicySummary {
+        cold_starts: starts,
+        ..bound_row("oracle", ms, reqs, p)
+    }
+}
+
+/// The oracle whose replicas start instantly and free (`oracle-no-cold`): [`bound_ms`] with
+/// every request anchored. Issue #7's first reading of "no cold start"; no fleet that pays
+/// cold starts can approach it when requests are sparser than a cold start (see
+/// `docs/autoscaling.md`, "Which oracle").
+pub fn oracle_no_cold_start(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
+    let all = vec![true; reqs.len()];
+    bound_row("oracle-no-cold", bound_ms(reqs, p, &all), reqs, p)
 }
 
 /// Summarises one run against the oracle's cost.

@@ -79,16 +79,17 @@ pub struct DecodeReport {
     pub decode_tokens_per_second: f64,
 }
 
-/// One request alone: prefill then `generate` decode steps; the best of `repeats` runs.
+/// One request alone: prefill then `generate` decode steps; the best of one run per prompt.
+/// The prompts should share no prefix-cache block: a repeated prompt is a cache hit, and its
+/// "prefill" would measure the cache.
 pub fn decode(
     engine: &Engine,
-    prompt: &[u32],
+    prompts: &[Vec<u32>],
     generate: usize,
-    repeats: usize,
 ) -> Result<DecodeReport, EngineError> {
     let mut best: Option<DecodeReport> = None;
-    for _ in 0..repeats.max(1) {
-        let t = run_request(engine, fixed_length_request(prompt.to_vec(), generate))?;
+    for prompt in prompts {
+        let t = run_request(engine, fixed_length_request(prompt.clone(), generate))?;
         let decode_time = t.total.saturating_sub(t.time_to_first_token).as_secs_f64();
         let report = DecodeReport {
             prompt_tokens: prompt.len(),

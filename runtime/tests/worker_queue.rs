@@ -236,3 +236,38 @@ async fn a_prefill_budget_bounds_the_jobs_a_worker_holds() {
         assert!(allowed.contains(&most), "budget {budget:?}: held {most}");
     }
 }
+
+/// The scale-up benchmark's driver: a burst served by a worker that was up and one that
+/// starts later, every stream read to its end, every job claimed by one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_up_bench_serves_the_burst_with_both_workers() {
+    use tidal_runtime::worker::bench::bench_scale_up;
+    let (_a, first) = tiny_model_stepwise(&fast_spec());
+    let (_b, second) = tiny_model_stepwise(&fast_spec());
+    let burst: Vec<Vec<u32>> = (0..4)
+        .map(|i| {
+            (0..48)
+                .map(|k| 2 + ((i * 13 + k * 5) % 90) as u32)
+                .collect()
+        })
+        .collect();
+    for budget in [None, Some(24)] {
+        let h = Harness::memory();
+        let r = bench_scale_up(
+            first.clone(),
+            second.clone(),
+            h.broker.clone(),
+            &burst,
+            4,
+            Duration::from_millis(20),
+            budget,
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.claimed_by_first + r.claimed_by_second, 4, "{r:?}");
+        assert!(r.median_time_to_first_token <= r.p90_time_to_first_token);
+        assert!(r.p90_time_to_first_token <= r.max_time_to_first_token);
+        assert!(r.max_time_to_first_token <= r.wall_time);
+        assert_eq!((r.requests, r.claim_prefill_budget_tokens), (4, budget));
+    }
+}

@@ -56,6 +56,31 @@ pub enum BenchCommand {
     },
     /// Memory read bandwidth of this machine (the ceiling for batch-1 decode).
     Bandwidth,
+    /// A burst queued while one worker is up and a second starts later (a scale-up): time to
+    /// first token with greedy claims and with a claim prefill budget, alternating rounds.
+    /// Each worker has its own engine (`--threads` each, default 1: two replicas on one
+    /// machine).
+    ScaleUp {
+        #[command(flatten)]
+        engine: EngineArgs,
+        /// Requests in the burst.
+        #[arg(long, default_value_t = 8)]
+        requests: usize,
+        /// Prompt tokens per request (the shipped trace's median is 1,469).
+        #[arg(long, default_value_t = 1469)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 16)]
+        generate: usize,
+        /// When the second worker starts, milliseconds after the burst.
+        #[arg(long, default_value_t = 1000)]
+        second_worker_after_ms: u64,
+        /// The budget compared with greedy claiming, in prompt tokens.
+        #[arg(long, default_value_t = 1469)]
+        claim_prefill_budget_tokens: usize,
+        /// Rounds of the pair (greedy, budget).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// The simulator's service profile of one replica (prefill and decode rates, cold start),
     /// measured on this runtime, as JSON for `tidal sim --service-profile`.
     Profile(super::bench_profile::ProfileArgs),
@@ -259,6 +284,49 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         } => bench_worker(&engine, requests, prompt_tokens, generate, queue)?,
         BenchCommand::Perplexity(args) => perplexity(args)?,
         BenchCommand::Profile(args) => super::bench_profile::run(args)?,
+        BenchCommand::ScaleUp {
+            mut engine,
+            requests,
+            prompt_tokens,
+            generate,
+            second_worker_after_ms,
+            claim_prefill_budget_tokens,
+            rounds,
+        } => {
+            engine.threads = engine.threads.or(Some(1));
+            let first = engine.load()?;
+            let second = engine.load()?;
+            let tokenizer = first.engine.tokenizer().clone();
+            let (first, second) = (
+                std::sync::Arc::new(first.into_model()),
+                std::sync::Arc::new(second.into_model()),
+            );
+            let runtime = tokio::runtime::Runtime::new()?;
+            let mut variant = 0;
+            for _ in 0..rounds.max(1) {
+                for budget in [None, Some(claim_prefill_budget_tokens)] {
+                    // fresh prompts every run: no run profits from another's prefix cache
+                    let prompts: Vec<Vec<u32>> = (0..requests)
+                        .map(|_| {
+                            variant += 1;
+                            text_tokens(&tokenizer, variant, prompt_tokens)
+                        })
+                        .collect();
+                    let broker: std::sync::Arc<dyn tidal_queue::Broker> =
+                        std::sync::Arc::new(tidal_queue::MemoryBroker::default());
+                    let report = runtime.block_on(tidal_runtime::worker::bench::bench_scale_up(
+                        first.clone(),
+                        second.clone(),
+                        broker,
+                        &prompts,
+                        generate,
+                        std::time::Duration::from_millis(second_worker_after_ms),
+                        budget,
+                    ))?;
+                    print(&serde_json::json!({"bench": "scale_up", "report": report}));
+                }
+            }
+        }
         BenchCommand::Bandwidth => {
             let gb = bench::memory_bandwidth_gb_per_s(1 << 30);
             print(&serde_json::json!({"bench": "bandwidth", "gb_per_s": gb}));

@@ -11,7 +11,7 @@ use tidal_queue::clock::system_now_ms;
 use tidal_queue::{Broker, Job, QueueError, ResponseEvent};
 use uuid::Uuid;
 
-use super::{Worker, WorkerConfig, WorkerError};
+use super::{Worker, WorkerConfig, WorkerError, WorkerSummary};
 use crate::server::LoadedModel;
 
 /// Why the benchmark could not run.
@@ -124,6 +124,24 @@ async fn read_stream(
     }
 }
 
+/// Enqueues one job per prompt and starts a reader of each response stream (times counted
+/// from `started`).
+async fn enqueue_all(
+    broker: &Arc<dyn Broker>,
+    model_id: &str,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    started: Instant,
+) -> Result<Vec<tokio::task::JoinHandle<Result<Timing, WorkerBenchError>>>, WorkerBenchError> {
+    let mut readers = Vec::new();
+    for prompt in prompts {
+        let job = fixed_length_job(model_id, prompt, max_tokens);
+        broker.enqueue(&job).await?;
+        readers.push(tokio::spawn(read_stream(broker.clone(), job.id, started)));
+    }
+    Ok(readers)
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v.get(v.len() / 2).copied().unwrap_or_default()
@@ -142,18 +160,9 @@ pub async fn bench_worker(
     let mut config = WorkerConfig::new(model_id.clone(), "bench-worker");
     config.max_jobs = Some(prompts.len().max(1));
     config.claim_block = Duration::from_millis(100);
-    let worker = Worker::new(model, broker.clone(), config)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(worker.run(async move {
-        let _ = stopped.await;
-    }));
+    let (stop, running) = spawn_bench_worker(model, broker.clone(), config)?;
     let started = Instant::now();
-    let mut readers = Vec::new();
-    for prompt in prompts {
-        let job = fixed_length_job(&model_id, prompt, max_tokens);
-        broker.enqueue(&job).await?;
-        readers.push(tokio::spawn(read_stream(broker.clone(), job.id, started)));
-    }
+    let readers = enqueue_all(&broker, &model_id, prompts, max_tokens, started).await?;
     let mut timings = Vec::new();
     for r in readers {
         timings.push(r.await.map_err(|_| WorkerBenchError::Reader)??);
@@ -172,5 +181,101 @@ pub async fn bench_worker(
         aggregate_tokens_per_second: completion_tokens as f64 / wall_time.as_secs_f64().max(1e-9),
         median_time_to_first_token: median(timings.iter().map(|t| t.first_token).collect()),
         median_latency: median(timings.iter().map(|t| t.total).collect()),
+    })
+}
+
+/// Time to first token when a second worker comes up after a burst was queued: how a
+/// worker's claim rule spreads the burst (`tidal bench scale-up`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleUpReport {
+    /// Both workers' prefill budget (`None`: claim whatever slots and KV blocks allow).
+    pub claim_prefill_budget_tokens: Option<usize>,
+    /// Requests, all enqueued at once.
+    pub requests: usize,
+    /// When the second worker started, after the enqueue.
+    pub second_worker_after: Duration,
+    /// Jobs the worker that was already up claimed.
+    pub claimed_by_first: u64,
+    /// Jobs the worker that came later claimed.
+    pub claimed_by_second: u64,
+    /// Time from enqueue to the first token: median.
+    pub median_time_to_first_token: Duration,
+    /// Time from enqueue to the first token: 90th percentile (nearest rank).
+    pub p90_time_to_first_token: Duration,
+    /// Time from enqueue to the first token: the longest.
+    pub max_time_to_first_token: Duration,
+    /// From the enqueue to the last `done`.
+    pub wall_time: Duration,
+}
+
+/// A worker running as a task: the sender stops it (with its drain), the handle gives its
+/// summary.
+type RunningWorker = (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<WorkerSummary>,
+);
+
+fn spawn_bench_worker(
+    model: Arc<LoadedModel>,
+    broker: Arc<dyn Broker>,
+    config: WorkerConfig,
+) -> Result<RunningWorker, WorkerBenchError> {
+    let worker = Worker::new(model, broker, config)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    Ok((stop, running))
+}
+
+/// Enqueues one job per prompt at once while worker `first` is up, starts worker `second`
+/// `second_after` later (a replica of a scale-up becoming ready), both with `budget`, and
+/// reads every response stream to its end.
+pub async fn bench_scale_up(
+    first: Arc<LoadedModel>,
+    second: Arc<LoadedModel>,
+    broker: Arc<dyn Broker>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    second_after: Duration,
+    budget: Option<usize>,
+) -> Result<ScaleUpReport, WorkerBenchError> {
+    let model_id = format!("bench-{}", Uuid::now_v7());
+    let config = |name: &str| {
+        let mut c = WorkerConfig::new(model_id.clone(), name);
+        c.claim_block = Duration::from_millis(100);
+        c.claim_prefill_budget_tokens = budget;
+        c
+    };
+    let (stop_first, first_run) = spawn_bench_worker(first, broker.clone(), config("first"))?;
+    let started = Instant::now();
+    let readers = enqueue_all(&broker, &model_id, prompts, max_tokens, started).await?;
+    tokio::time::sleep(second_after.saturating_sub(started.elapsed())).await;
+    let (stop_second, second_run) = spawn_bench_worker(second, broker.clone(), config("second"))?;
+    let mut first_tokens = Vec::new();
+    for r in readers {
+        first_tokens.push(r.await.map_err(|_| WorkerBenchError::Reader)??.first_token);
+    }
+    let wall_time = started.elapsed();
+    let _ = (stop_first.send(()), stop_second.send(()));
+    let first_summary = first_run.await.map_err(|_| WorkerBenchError::Reader)?;
+    let second_summary = second_run.await.map_err(|_| WorkerBenchError::Reader)?;
+    broker.purge_model(&model_id).await?;
+    first_tokens.sort();
+    let rank = |q: f64| {
+        let n = first_tokens.len();
+        let i = ((q * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1;
+        first_tokens.get(i).copied().unwrap_or_default()
+    };
+    Ok(ScaleUpReport {
+        claim_prefill_budget_tokens: budget,
+        requests: prompts.len(),
+        second_worker_after: second_after,
+        claimed_by_first: first_summary.claimed,
+        claimed_by_second: second_summary.claimed,
+        median_time_to_first_token: rank(0.5),
+        p90_time_to_first_token: rank(0.9),
+        max_time_to_first_token: rank(1.0),
+        wall_time,
     })
 }

@@ -34,6 +34,7 @@ pub struct RuntimeLauncher {
     models: HashMap<String, LaunchSpec>,
     drain_timeout: Duration,
     claim_timeout: Duration,
+    claim_prefill_budget_tokens: Option<usize>,
 }
 
 impl RuntimeLauncher {
@@ -49,7 +50,15 @@ impl RuntimeLauncher {
             models,
             drain_timeout,
             claim_timeout,
+            claim_prefill_budget_tokens: None,
         }
+    }
+
+    /// Workers claim only while the prompt tokens they have queued for prefill stay under
+    /// `budget` (`WorkerConfig::claim_prefill_budget_tokens`); `None`: whatever fits.
+    pub fn with_claim_prefill_budget(mut self, budget: Option<usize>) -> Self {
+        self.claim_prefill_budget_tokens = budget;
+        self
     }
 }
 
@@ -81,6 +90,7 @@ impl Launcher for RuntimeLauncher {
         let mut config = WorkerConfig::new(model, name);
         config.drain_timeout = self.drain_timeout;
         config.claim_timeout = self.claim_timeout;
+        config.claim_prefill_budget_tokens = self.claim_prefill_budget_tokens;
         let worker = Worker::new(Arc::new(loaded.into_model()), self.broker.clone(), config)
             .map_err(|e| LaunchError(e.to_string()))?;
         let _ = ready.send(started.elapsed());

@@ -73,6 +73,9 @@ pub struct UpConfig {
     pub backlog_cap: u64,
     /// How long a stopping worker lets its sequences finish.
     pub drain_timeout: Duration,
+    /// Workers claim only while their queued prefill stays under this many prompt tokens
+    /// (`tidal runtime --claim-prefill-budget-tokens`); `None`: whatever fits.
+    pub claim_prefill_budget_tokens: Option<usize>,
     /// Renders `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
 }
@@ -240,12 +243,15 @@ pub async fn run(
             },
         );
     }
-    let launcher = Arc::new(RuntimeLauncher::new(
-        broker.clone(),
-        launch,
-        config.drain_timeout,
-        Duration::from_secs(30),
-    ));
+    let launcher = Arc::new(
+        RuntimeLauncher::new(
+            broker.clone(),
+            launch,
+            config.drain_timeout,
+            Duration::from_secs(30),
+        )
+        .with_claim_prefill_budget(config.claim_prefill_budget_tokens),
+    );
     let fleet = Fleet::new(
         broker.clone(),
         launcher,

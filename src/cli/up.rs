@@ -75,6 +75,10 @@ pub struct UpArgs {
     /// How long a stopping worker lets running requests finish.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// Workers claim only while the prompt tokens they have queued for prefill stay under
+    /// this many (see `tidal runtime --help`; default: whatever fits).
+    #[arg(long)]
+    pub claim_prefill_budget_tokens: Option<usize>,
     /// Price per million prompt tokens, in micro-units of the currency.
     #[arg(long, default_value_t = 100_000)]
     pub input_price: u64,
@@ -106,6 +110,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         ..ScalingSpec::default()
     };
     scaling.validate().context("scaling settings")?;
+    anyhow::ensure!(
+        args.claim_prefill_budget_tokens != Some(0),
+        "--claim-prefill-budget-tokens must be at least 1"
+    );
     let config = UpConfig {
         models: args.models,
         listen: args.listen,
@@ -134,6 +142,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         max_queue_wait: args.max_queue_wait,
         backlog_cap: args.backlog_cap,
         drain_timeout: args.drain_timeout,
+        claim_prefill_budget_tokens: args.claim_prefill_budget_tokens,
         prometheus: Some(prometheus),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;

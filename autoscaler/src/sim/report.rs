@@ -203,9 +203,10 @@ fn fluid_ms(reqs: &[Request], p: &ServiceProfile) -> f64 {
     reqs.iter().map(|r| work_ms(r, p)).sum()
 }
 
-/// Lower bound on the billed replica-ms of a run whose replicas start instantly (no cold
-/// start). `anchored[i]` says that request `i` met the TTFT target and was not evicted after
-/// its first token; every request counts in the fluid work.
+/// Lower bound on the billed replica-ms of a run, counting no cold start: it holds for every
+/// run and is tight only for fleets whose replicas start instantly. `anchored[i]` says that
+/// request `i` met the TTFT target and was not evicted after its first token; every request
+/// counts in the fluid work.
 ///
 /// An anchored request `i` (arrival `a`, prefill `p`, unloaded service `s`) sits on one billed
 /// replica for at least `[c, c + s]` with `a <= c <= a + slo - p`, so inside

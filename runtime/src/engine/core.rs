@@ -1,8 +1,9 @@
 use std::collections::HashMap;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
 use tidal_tokenizer::Tokenizer;
+use tokio::sync::watch;
 
 use super::executor::Executor;
 use super::metrics::EngineMetrics;
@@ -19,7 +20,7 @@ pub(crate) struct EngineCore {
     scheduler: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
     metrics: EngineMetrics,
-    shared_stats: Arc<Mutex<SchedulerStats>>,
+    shared_stats: watch::Sender<SchedulerStats>,
 }
 
 impl EngineCore {
@@ -28,7 +29,7 @@ impl EngineCore {
         tokenizer: Arc<Tokenizer>,
         config: &EngineConfig,
         num_blocks: usize,
-        shared_stats: Arc<Mutex<SchedulerStats>>,
+        shared_stats: watch::Sender<SchedulerStats>,
     ) -> Self {
         let scheduler = Scheduler::new(SchedulerConfig {
             max_num_batched_tokens: config.max_num_batched_tokens,
@@ -38,9 +39,7 @@ impl EngineCore {
             enable_prefix_caching: config.enable_prefix_caching,
         });
         // Callers (the queue worker's admission) read the stats before the first step.
-        if let Ok(mut shared) = shared_stats.lock() {
-            *shared = scheduler.stats();
-        }
+        shared_stats.send_replace(scheduler.stats());
         Self {
             executor,
             tokenizer,
@@ -70,9 +69,8 @@ impl EngineCore {
             }
             let stats = self.scheduler.stats();
             self.metrics.publish(&stats);
-            if let Ok(mut shared) = self.shared_stats.lock() {
-                *shared = stats;
-            }
+            // Every step, so that a worker waiting for room wakes on engine progress.
+            self.shared_stats.send_replace(stats);
         }
     }
 

@@ -16,10 +16,11 @@ pub use request::{
 };
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 
 use tidal_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 
 use crate::model::{Model, ModelConfig};
 use crate::scheduler::SchedulerStats;
@@ -53,7 +54,7 @@ pub struct Engine {
     model_config: Arc<ModelConfig>,
     tokenizer: Arc<Tokenizer>,
     config: EngineConfig,
-    stats: Arc<Mutex<SchedulerStats>>,
+    stats: watch::Receiver<SchedulerStats>,
     capacity_tokens: usize,
     weight_bytes: usize,
 }
@@ -92,14 +93,9 @@ impl Engine {
             "KV cache allocated"
         );
         let (commands, receiver) = mpsc::channel();
-        let stats = Arc::new(Mutex::new(SchedulerStats::default()));
-        let core = core::EngineCore::new(
-            executor,
-            tokenizer.clone(),
-            &config,
-            num_blocks,
-            stats.clone(),
-        );
+        let (stats_tx, stats) = watch::channel(SchedulerStats::default());
+        let core =
+            core::EngineCore::new(executor, tokenizer.clone(), &config, num_blocks, stats_tx);
         // The loop runs on a worker of the kernels' rayon pool: parallel kernels called from
         // outside a pool pay a cross-thread hand-off on every call (4× slower attention).
         let pool = rayon::ThreadPoolBuilder::new()
@@ -181,7 +177,13 @@ impl Engine {
 
     /// Load figures as of the last engine step (running, waiting, KV usage, prefix hits).
     pub fn stats(&self) -> SchedulerStats {
-        self.stats.lock().map(|s| *s).unwrap_or_default()
+        *self.stats.borrow()
+    }
+
+    /// The same figures as a channel that changes once per engine step: `changed()` wakes a
+    /// caller (the queue worker waiting for room) when the engine has made progress.
+    pub fn stats_updates(&self) -> watch::Receiver<SchedulerStats> {
+        self.stats.clone()
     }
 
     /// The engine's settings.

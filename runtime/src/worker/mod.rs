@@ -54,7 +54,8 @@ use crate::server::LoadedModel;
 use metrics::Counters;
 use registry::Registry;
 
-/// How long the claim loop sleeps when it has no room, unless a job ends first.
+/// How long the claim loop sleeps when it has no room, unless a job ends first (or, with a
+/// prefill budget, the engine steps).
 const NO_ROOM_POLL: Duration = Duration::from_millis(50);
 /// Pause after a failed claim (broker unreachable).
 const CLAIM_RETRY: Duration = Duration::from_secs(1);
@@ -157,6 +158,11 @@ impl Worker {
             .max_jobs
             .unwrap_or(shared.model.engine.config().max_num_seqs);
         let block_size = shared.model.engine.config().block_size.max(1);
+        // With a prefill budget, room comes back as the engine works through its prefill, so
+        // the loop waits for engine steps rather than the poll (which could leave a fast
+        // engine without queued prefill); without one, room comes back when a job ends.
+        let mut progress = shared.model.engine.stats_updates();
+        let mut engine_stepping = config.claim_prefill_budget_tokens.is_some();
         let blocks_per_job = config.kv_tokens_per_job.div_ceil(block_size);
         tracing::info!(
             model = %config.model_id,
@@ -178,7 +184,11 @@ impl Worker {
                 tokio::select! {
                     _ = &mut shutdown => break,
                     _ = tasks.join_next(), if !tasks.is_empty() => {}
+                    _ = progress.changed(), if engine_stepping => {}
                     _ = tokio::time::sleep(NO_ROOM_POLL) => {}
+                }
+                if engine_stepping && progress.has_changed().is_err() {
+                    engine_stepping = false; // the engine stopped
                 }
                 continue;
             }

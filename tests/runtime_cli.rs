@@ -98,3 +98,26 @@ fn runtime_serves_and_exports_metrics() {
         "{metrics}"
     );
 }
+
+#[test]
+fn a_zero_claim_prefill_budget_is_refused() {
+    // a budget of 0 tokens could never claim: both commands that take it refuse it up front
+    for command in ["runtime", "up"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+            .args([
+                command,
+                "--model",
+                "unused.gguf",
+                "--claim-prefill-budget-tokens",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{command}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--claim-prefill-budget-tokens") && stderr.contains("zero"),
+            "{command}: {stderr}"
+        );
+    }
+}

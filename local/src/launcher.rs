@@ -3,6 +3,7 @@
 //! drops the engine, which frees the KV memory and unmaps the weights.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +35,7 @@ pub struct RuntimeLauncher {
     models: HashMap<String, LaunchSpec>,
     drain_timeout: Duration,
     claim_timeout: Duration,
-    claim_prefill_budget_tokens: Option<usize>,
+    claim_prefill_budget_tokens: Option<NonZeroUsize>,
 }
 
 impl RuntimeLauncher {
@@ -56,7 +57,7 @@ impl RuntimeLauncher {
 
     /// Workers claim only while the prompt tokens they have queued for prefill stay under
     /// `budget` (`WorkerConfig::claim_prefill_budget_tokens`); `None`: whatever fits.
-    pub fn with_claim_prefill_budget(mut self, budget: Option<usize>) -> Self {
+    pub fn with_claim_prefill_budget(mut self, budget: Option<NonZeroUsize>) -> Self {
         self.claim_prefill_budget_tokens = budget;
         self
     }

@@ -75,7 +75,7 @@ pub struct UpConfig {
     pub drain_timeout: Duration,
     /// Workers claim only while their queued prefill stays under this many prompt tokens
     /// (`tidal runtime --claim-prefill-budget-tokens`); `None`: whatever fits.
-    pub claim_prefill_budget_tokens: Option<usize>,
+    pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
     /// Renders `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
 }

@@ -4,6 +4,7 @@
 
 mod worker_common;
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use tidal_queue::{clock::system_now_ms, ResponseEvent, Withdrawal};
@@ -196,14 +197,8 @@ async fn jobs_wait_for_a_worker_and_withdrawn_jobs_never_run(h: Harness) {
 async fn a_prefill_budget_bounds_the_jobs_a_worker_holds() {
     // one token per engine step, so each 64-token prompt takes 64 steps to prefill
     let (_dir, model) = tiny_model_stepwise(&fast_spec());
-    let long: Vec<Vec<u32>> = (0..6)
-        .map(|i| {
-            (0..64)
-                .map(|k| 2 + ((i * 11 + k * 7) % 90) as u32)
-                .collect()
-        })
-        .collect();
-    for (budget, allowed) in [(Some(32), 1..=2), (None, 3..=6)] {
+    let long = prompts_of(6, 64);
+    for (budget, allowed) in [(NonZeroUsize::new(32), 1..=2), (None, 3..=6)] {
         let h = Harness::memory();
         let b = h.broker.clone();
         let jobs: Vec<_> = long.iter().map(|p| job("m", p, 4)).collect();
@@ -244,14 +239,8 @@ async fn scale_up_bench_serves_the_burst_with_both_workers() {
     use tidal_runtime::worker::bench::bench_scale_up;
     let (_a, first) = tiny_model_stepwise(&fast_spec());
     let (_b, second) = tiny_model_stepwise(&fast_spec());
-    let burst: Vec<Vec<u32>> = (0..4)
-        .map(|i| {
-            (0..48)
-                .map(|k| 2 + ((i * 13 + k * 5) % 90) as u32)
-                .collect()
-        })
-        .collect();
-    for budget in [None, Some(24)] {
+    let burst = prompts_of(4, 48);
+    for budget in [None, NonZeroUsize::new(24)] {
         let h = Harness::memory();
         let r = bench_scale_up(
             first.clone(),

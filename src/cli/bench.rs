@@ -1,6 +1,9 @@
 //! `tidal bench`: the runtime benchmarks of docs/benchmarks.md, printed as a table or JSON.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
@@ -75,8 +78,8 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         second_worker_after_ms: u64,
         /// The budget compared with greedy claiming, in prompt tokens.
-        #[arg(long, default_value_t = 1469)]
-        claim_prefill_budget_tokens: usize,
+        #[arg(long, default_value = "1469")]
+        claim_prefill_budget_tokens: NonZeroUsize,
         /// Rounds of the pair (greedy, budget).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
@@ -285,48 +288,22 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Perplexity(args) => perplexity(args)?,
         BenchCommand::Profile(args) => super::bench_profile::run(args)?,
         BenchCommand::ScaleUp {
-            mut engine,
+            engine,
             requests,
             prompt_tokens,
             generate,
             second_worker_after_ms,
             claim_prefill_budget_tokens,
             rounds,
-        } => {
-            engine.threads = engine.threads.or(Some(1));
-            let first = engine.load()?;
-            let second = engine.load()?;
-            let tokenizer = first.engine.tokenizer().clone();
-            let (first, second) = (
-                std::sync::Arc::new(first.into_model()),
-                std::sync::Arc::new(second.into_model()),
-            );
-            let runtime = tokio::runtime::Runtime::new()?;
-            let mut variant = 0;
-            for _ in 0..rounds.max(1) {
-                for budget in [None, Some(claim_prefill_budget_tokens)] {
-                    // fresh prompts every run: no run profits from another's prefix cache
-                    let prompts: Vec<Vec<u32>> = (0..requests)
-                        .map(|_| {
-                            variant += 1;
-                            text_tokens(&tokenizer, variant, prompt_tokens)
-                        })
-                        .collect();
-                    let broker: std::sync::Arc<dyn tidal_queue::Broker> =
-                        std::sync::Arc::new(tidal_queue::MemoryBroker::default());
-                    let report = runtime.block_on(tidal_runtime::worker::bench::bench_scale_up(
-                        first.clone(),
-                        second.clone(),
-                        broker,
-                        &prompts,
-                        generate,
-                        std::time::Duration::from_millis(second_worker_after_ms),
-                        budget,
-                    ))?;
-                    print(&serde_json::json!({"bench": "scale_up", "report": report}));
-                }
-            }
-        }
+        } => bench_scale_up(
+            engine,
+            requests,
+            prompt_tokens,
+            generate,
+            Duration::from_millis(second_worker_after_ms),
+            claim_prefill_budget_tokens,
+            rounds,
+        )?,
         BenchCommand::Bandwidth => {
             let gb = bench::memory_bandwidth_gb_per_s(1 << 30);
             print(&serde_json::json!({"bench": "bandwidth", "gb_per_s": gb}));
@@ -344,7 +321,6 @@ fn bench_worker(
     generate: usize,
     queue: Option<String>,
 ) -> anyhow::Result<()> {
-    use std::sync::Arc;
     use tidal_queue::{Broker, BrokerConfig, MemoryBroker, RedisBroker};
     use tidal_runtime::worker::bench::bench_worker;
 
@@ -381,6 +357,53 @@ fn bench_worker(
             anyhow::Ok(r?)
         })?;
         print(&serde_json::json!({"bench": "worker", "path": "redis", "report": report}));
+    }
+    Ok(())
+}
+
+/// Alternating rounds of greedy claims and claims under `budget`: a burst of `requests`
+/// fresh prompts while one worker is up, a second worker `second_after` later, each worker
+/// with its own engine (one kernel thread unless `--threads` says otherwise).
+fn bench_scale_up(
+    mut engine: EngineArgs,
+    requests: usize,
+    prompt_tokens: usize,
+    generate: usize,
+    second_after: Duration,
+    budget: NonZeroUsize,
+    rounds: usize,
+) -> anyhow::Result<()> {
+    use tidal_queue::{Broker, MemoryBroker};
+    use tidal_runtime::worker::bench::bench_scale_up;
+
+    engine.threads = engine.threads.or(Some(1));
+    let first = engine.load()?;
+    let second = engine.load()?;
+    let tokenizer = first.engine.tokenizer().clone();
+    let (first, second) = (Arc::new(first.into_model()), Arc::new(second.into_model()));
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut variant = 0;
+    for _ in 0..rounds.max(1) {
+        for budget in [None, Some(budget)] {
+            // fresh prompts every run: no run profits from another's prefix cache
+            let prompts: Vec<Vec<u32>> = (0..requests)
+                .map(|_| {
+                    variant += 1;
+                    text_tokens(&tokenizer, variant, prompt_tokens)
+                })
+                .collect();
+            let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::default());
+            let report = runtime.block_on(bench_scale_up(
+                first.clone(),
+                second.clone(),
+                broker,
+                &prompts,
+                generate,
+                second_after,
+                budget,
+            ))?;
+            print(&serde_json::json!({"bench": "scale_up", "report": report}));
+        }
     }
     Ok(())
 }

@@ -75,7 +75,7 @@ pub struct WorkerArgs {
     /// prefill tokens/s of `tidal bench profile` times the seconds a request may wait for a
     /// busy worker; default: claim whenever slots and KV blocks allow).
     #[arg(long)]
-    pub claim_prefill_budget_tokens: Option<usize>,
+    pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
 }
 
 fn prometheus() -> anyhow::Result<PrometheusHandle> {

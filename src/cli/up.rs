@@ -78,7 +78,7 @@ pub struct UpArgs {
     /// Workers claim only while the prompt tokens they have queued for prefill stay under
     /// this many (see `tidal runtime --help`; default: whatever fits).
     #[arg(long)]
-    pub claim_prefill_budget_tokens: Option<usize>,
+    pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
     /// Price per million prompt tokens, in micro-units of the currency.
     #[arg(long, default_value_t = 100_000)]
     pub input_price: u64,
@@ -110,10 +110,6 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         ..ScalingSpec::default()
     };
     scaling.validate().context("scaling settings")?;
-    anyhow::ensure!(
-        args.claim_prefill_budget_tokens != Some(0),
-        "--claim-prefill-budget-tokens must be at least 1"
-    );
     let config = UpConfig {
         models: args.models,
         listen: args.listen,

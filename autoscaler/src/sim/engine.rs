@@ -179,7 +179,7 @@ impl Sim<'_> {
 
     fn lifecycle(&mut self, t: u64) {
         let spot_ok = !in_outage(&self.cfg.spot_outages, t);
-        let cold_ms = (self.cfg.profile.cold_start_s * 1000.0).round() as u64;
+        let cold_ms = self.cfg.profile.cold_start_ms();
         let rate = self.cfg.interruptions_per_hour;
         for r in &mut self.replicas {
             if r.phase == Phase::Unscheduled && (r.capacity == Capacity::OnDemand || spot_ok) {
@@ -328,7 +328,7 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
     };
     // A fleet that is ready at t = 0 started one cold start earlier, and paid for it.
     let init = scaler.initial();
-    let cold_ms = (cfg.profile.cold_start_s * 1000.0).round() as u64;
+    let cold_ms = cfg.profile.cold_start_ms();
     for (cap, k) in [
         (Capacity::Spot, init.spot),
         (Capacity::OnDemand, init.on_demand),

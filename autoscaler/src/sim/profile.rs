@@ -152,6 +152,12 @@ impl ServiceProfile {
         Ok(())
     }
 
+    /// A replica's cold start (billed, not ready) in the whole milliseconds the simulator
+    /// bills, so that the bounds count exactly what the fleet pays.
+    pub fn cold_start_ms(&self) -> u64 {
+        (self.cold_start_s * 1000.0).round() as u64
+    }
+
     /// The batching-inefficiency constant `k` of the decode curve.
     pub fn batching_k(&self) -> f64 {
         let n = f64::from(self.max_concurrent_seqs);

@@ -246,7 +246,7 @@ fn clairvoyant(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64,
     if reqs.is_empty() {
         return (0.0, 0);
     }
-    let cold = p.cold_start_s * 1000.0;
+    let cold = p.cold_start_ms() as f64;
     let spans = anchored_spans(reqs, p, anchored);
     let occupied: f64 = spans.iter().map(Span::occupied).sum();
     let gaps = || spans.windows(2).map(|w| w[1].start - w[0].end);

@@ -32,7 +32,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Format, CHAINS};
-use super::matmul::OutCols;
+use super::matmul::{gemm_shape, OutCols};
 use super::panel16::{Panel16Block, PANEL16_ROWS};
 use crate::amx::{self, TileConfig};
 use crate::prefetch;
@@ -67,10 +67,7 @@ pub(super) unsafe fn gemm<F: Format>(
     m: usize,
     out: &mut OutCols,
 ) {
-    let row_bytes = nb * F::BLOCK_BYTES;
-    debug_assert_eq!(w.len(), rows * row_bytes);
-    debug_assert_eq!(panels.len(), m.div_ceil(PANEL16_ROWS) * nb);
-    let n_panels = m.div_ceil(PANEL16_ROWS);
+    let (row_bytes, n_panels) = gemm_shape::<F, _>(w, rows, nb, panels, m, PANEL16_ROWS);
     let groups = rows / GROUP;
     if groups > 0 {
         let mut group = Group::new::<F>(nb);

@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
-use super::matmul::OutCols;
+use super::matmul::{gemm_shape, OutCols};
 use super::panel::{PanelBlock, PANEL_ROWS};
 use crate::prefetch;
 
@@ -72,10 +72,7 @@ unsafe fn gemm_body<F: Format, const VNNI: bool>(
     m: usize,
     out: &mut OutCols,
 ) {
-    let row_bytes = nb * F::BLOCK_BYTES;
-    debug_assert_eq!(w.len(), rows * row_bytes);
-    debug_assert_eq!(panels.len(), m.div_ceil(PANEL_ROWS) * nb);
-    let n_panels = m.div_ceil(PANEL_ROWS);
+    let (row_bytes, n_panels) = gemm_shape::<F, _>(w, rows, nb, panels, m, PANEL_ROWS);
     let panel = |p: usize| &panels[p * nb..(p + 1) * nb];
     for t0 in (0..n_panels).step_by(TILE_PANELS) {
         let t1 = (t0 + TILE_PANELS).min(n_panels);

@@ -27,7 +27,7 @@
 use std::arch::x86_64::*;
 
 use super::format::{Format, CHAINS};
-use super::matmul::OutCols;
+use super::matmul::{gemm_shape, OutCols};
 use super::panel16::{Panel16Block, PANEL16_ROWS};
 use crate::prefetch;
 
@@ -55,10 +55,7 @@ pub(super) unsafe fn gemm<F: Format>(
     m: usize,
     out: &mut OutCols,
 ) {
-    let row_bytes = nb * F::BLOCK_BYTES;
-    debug_assert_eq!(w.len(), rows * row_bytes);
-    debug_assert_eq!(panels.len(), m.div_ceil(PANEL16_ROWS) * nb);
-    let n_panels = m.div_ceil(PANEL16_ROWS);
+    let (row_bytes, n_panels) = gemm_shape::<F, _>(w, rows, nb, panels, m, PANEL16_ROWS);
     let panel = |p: usize| &panels[p * nb..(p + 1) * nb];
     let tile = (TILE_BYTES / (nb * std::mem::size_of::<Panel16Block>())).clamp(1, TILE_PANELS);
     let wrow = |j: usize| &w[j * row_bytes..(j + 1) * row_bytes];

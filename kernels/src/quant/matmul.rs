@@ -134,6 +134,25 @@ impl QuantizedActivations {
     }
 }
 
+/// Bytes of one weight row, and the activation panels of a GEMM call over `m` rows in panels
+/// of `panel_rows`; checks in debug builds that `w` holds `rows` rows of `nb` blocks and
+/// `panels` that many panels of `nb` blocks (the contract every GEMM kernel shares).
+#[inline(always)]
+pub(super) fn gemm_shape<F: Format, P>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    panels: &[P],
+    m: usize,
+    panel_rows: usize,
+) -> (usize, usize) {
+    let row_bytes = nb * F::BLOCK_BYTES;
+    let n_panels = m.div_ceil(panel_rows);
+    debug_assert_eq!(w.len(), rows * row_bytes);
+    debug_assert_eq!(panels.len(), n_panels * nb);
+    (row_bytes, n_panels)
+}
+
 /// Quantised matmul: x `[m, k]` f32, w = raw GGUF bytes of `n` rows of `k` values of type
 /// `ty`, out `[m, n]`. Uses [`DotKernel::selected`] (by default the fastest of this CPU).
 ///

@@ -3,6 +3,7 @@
 //! the queue path can be compared with the engine alone (`crate::bench::concurrency`) on the
 //! same model and load.
 
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -144,7 +145,13 @@ async fn enqueue_all(
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
+    at_fraction(&v, 0.5)
+}
+
+/// The value at fraction `q` of `sorted` (index `⌊q · n⌋`, the last for `q = 1`).
+fn at_fraction(sorted: &[Duration], q: f64) -> Duration {
+    let i = ((q * sorted.len() as f64) as usize).min(sorted.len().saturating_sub(1));
+    sorted.get(i).copied().unwrap_or_default()
 }
 
 /// Enqueues one job per prompt at once (greedy, `max_tokens` each, every token generated),
@@ -189,7 +196,7 @@ pub async fn bench_worker(
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleUpReport {
     /// Both workers' prefill budget (`None`: claim whatever slots and KV blocks allow).
-    pub claim_prefill_budget_tokens: Option<usize>,
+    pub claim_prefill_budget_tokens: Option<NonZeroUsize>,
     /// Requests, all enqueued at once.
     pub requests: usize,
     /// When the second worker started, after the enqueue.
@@ -200,7 +207,7 @@ pub struct ScaleUpReport {
     pub claimed_by_second: u64,
     /// Time from enqueue to the first token: median.
     pub median_time_to_first_token: Duration,
-    /// Time from enqueue to the first token: 90th percentile (nearest rank).
+    /// Time from enqueue to the first token: 90th percentile.
     pub p90_time_to_first_token: Duration,
     /// Time from enqueue to the first token: the longest.
     pub max_time_to_first_token: Duration,
@@ -238,7 +245,7 @@ pub async fn bench_scale_up(
     prompts: &[Vec<u32>],
     max_tokens: usize,
     second_after: Duration,
-    budget: Option<usize>,
+    budget: Option<NonZeroUsize>,
 ) -> Result<ScaleUpReport, WorkerBenchError> {
     let model_id = format!("bench-{}", Uuid::now_v7());
     let config = |name: &str| {
@@ -262,11 +269,7 @@ pub async fn bench_scale_up(
     let second_summary = second_run.await.map_err(|_| WorkerBenchError::Reader)?;
     broker.purge_model(&model_id).await?;
     first_tokens.sort();
-    let rank = |q: f64| {
-        let n = first_tokens.len();
-        let i = ((q * n as f64).ceil() as usize).clamp(1, n.max(1)) - 1;
-        first_tokens.get(i).copied().unwrap_or_default()
-    };
+    let rank = |q| at_fraction(&first_tokens, q);
     Ok(ScaleUpReport {
         claim_prefill_budget_tokens: budget,
         requests: prompts.len(),

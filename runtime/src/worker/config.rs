@@ -1,5 +1,6 @@
 //! Settings of a queue worker (the `tidal runtime --queue` flags) and their checks.
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use tidal_queue::CapacityType;
@@ -48,7 +49,7 @@ pub struct WorkerConfig {
     pub kv_tokens_per_job: usize,
     /// Claim only while the prompt tokens queued for prefill stay under this many
     /// ([`super::capacity::claimable`]); `None`: claim whenever slots and KV blocks allow.
-    pub claim_prefill_budget_tokens: Option<usize>,
+    pub claim_prefill_budget_tokens: Option<NonZeroUsize>,
 }
 
 impl WorkerConfig {
@@ -114,9 +115,6 @@ impl WorkerConfig {
         if self.kv_tokens_per_job == 0 {
             return bad("KV tokens per job must be at least 1".into());
         }
-        if self.claim_prefill_budget_tokens == Some(0) {
-            return bad("the claim prefill budget must be at least 1 token".into());
-        }
         Ok(())
     }
 }
@@ -158,9 +156,6 @@ mod tests {
         cases.push(c);
         let mut c = base.clone();
         c.kv_tokens_per_job = 0;
-        cases.push(c);
-        let mut c = base.clone();
-        c.claim_prefill_budget_tokens = Some(0);
         cases.push(c);
         for c in cases {
             assert!(c.validate().is_err(), "{c:?}");

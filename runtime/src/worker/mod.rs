@@ -40,6 +40,7 @@ pub use config::{WorkerConfig, WorkerError};
 pub use metrics::{Outcome, WorkerSummary};
 
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,7 +179,7 @@ impl Worker {
                 max_jobs,
                 &stats,
                 blocks_per_job,
-                config.claim_prefill_budget_tokens,
+                config.claim_prefill_budget_tokens.map(NonZeroUsize::get),
             );
             if room == 0 {
                 tokio::select! {

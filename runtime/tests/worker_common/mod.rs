@@ -186,8 +186,17 @@ pub fn job(model_id: &str, prompt: &[u32], max_tokens: usize) -> Job {
 
 /// Distinct prompts of a few tokens inside the tiny vocabulary.
 pub fn prompts(n: usize) -> Vec<Vec<u32>> {
+    prompts_of(n, 6)
+}
+
+/// `n` distinct prompts of `len` tokens inside the tiny vocabulary.
+pub fn prompts_of(n: usize, len: usize) -> Vec<Vec<u32>> {
     (0..n)
-        .map(|i| (0..6).map(|k| 2 + ((i * 7 + k * 13) % 90) as u32).collect())
+        .map(|i| {
+            (0..len)
+                .map(|k| 2 + ((i * 7 + k * 13) % 90) as u32)
+                .collect()
+        })
         .collect()
 }
 

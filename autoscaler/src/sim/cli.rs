@@ -311,6 +311,7 @@ pub fn render_text(r: &SimReport) -> String {
     );
     let mut rows = vec![
         r.oracle.clone(),
+        r.foresight.clone(),
         r.oracle_no_cold_start.clone(),
         r.fluid_bound.clone(),
     ];

@@ -3,9 +3,11 @@
 //! KEDA + HPA, always-on at the peak) and three lower bounds (the oracle, the oracle without
 //! cold starts and the fluid bound).
 
+pub mod bound;
 pub mod cli;
 pub mod engine;
 pub mod fleet;
+pub mod foresight;
 pub mod profile;
 pub mod report;
 pub mod scalers;
@@ -61,6 +63,10 @@ pub struct SimReport {
     /// The oracle: lower bound for fleets that pay cold starts and meet every request's TTFT
     /// (see `report`); every `cost_vs_oracle` is relative to it.
     pub oracle: PolicySummary,
+    /// A simulated fleet that knows every arrival and follows the oracle's schedule: what
+    /// perfect foresight achieves on this fleet model (an upper bound on the best fleet's
+    /// cost when it meets every TTFT). Not a baseline.
+    pub foresight: PolicySummary,
     /// The oracle with replicas that start instantly and free.
     pub oracle_no_cold_start: PolicySummary,
     /// The fluid lower bound, valid for every run (the oracle before issue #7's tightening).
@@ -115,7 +121,7 @@ pub fn spot_outages(per_hour: f64, mean_s: f64, horizon_ms: u64, seed: u64) -> V
 pub fn peak_replicas(reqs: &[Request], p: &ServiceProfile) -> u32 {
     let mut per_minute: std::collections::BTreeMap<u64, f64> = Default::default();
     for r in reqs {
-        *per_minute.entry(r.arrival_ms / 60_000).or_default() += report::work_ms(r, p);
+        *per_minute.entry(r.arrival_ms / 60_000).or_default() += bound::work_ms(r, p);
     }
     let busiest = per_minute.values().fold(0.0_f64, |a, b| a.max(*b));
     ((busiest / 60_000.0).ceil() as u32).max(1)
@@ -147,6 +153,13 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     no_cold.cost_vs_oracle = vs_oracle(no_cold.cost_micros);
     let mut fluid = report::fluid_bound(reqs, p);
     fluid.cost_vs_oracle = vs_oracle(fluid.cost_micros);
+    let mut foresight = foresight::Foresight::new(reqs, p, &cfg.fleet.spot_outages);
+    let foresight = report::summarise(
+        run_policy(reqs, &cfg.fleet, &mut foresight),
+        reqs,
+        p,
+        oracle.cost_micros,
+    );
     let policies: Vec<PolicySummary> = scalers
         .iter_mut()
         .map(|s| {
@@ -169,6 +182,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         ours: cfg.ours.clone(),
         always_on_replicas: always,
         oracle,
+        foresight,
         oracle_no_cold_start: no_cold,
         fluid_bound: fluid,
         policies,

@@ -5,15 +5,16 @@
 //!   within the target, and the profile's cold start for every replica it starts, which it
 //!   starts early enough that no request waits for one. Every cost is a ratio to it. It
 //!   bounds every run whose requests all meet the TTFT and are not evicted after their first
-//!   token; [`clairvoyant_bound_ms`] gives the bound for the requests of one run that do.
+//!   token; [`bound::clairvoyant_bound_ms`] gives the bound for the requests of one run that do.
 //! - [`oracle_no_cold_start`]: the same with replicas that start instantly and free
-//!   ([`bound_ms`]); no simulated fleet can start that way, so it bounds them loosely.
+//!   ([`bound::bound_ms`]); no simulated fleet can start that way, so it bounds them loosely.
 //! - [`fluid_bound`]: every request's work (prefill at the prefill rate, decode at the fully
 //!   batched rate) billed at the spot price, with no cold start, queueing or idle time. No run
 //!   of any policy can cost less, whatever its latency.
 //!
 //! The proofs are in `docs/autoscaling.md`, "The oracle".
 
+use super::bound::{self, fluid_ms, unloaded_ttft_ms};
 use super::engine::{PolicyRun, Sample};
 use super::profile::ServiceProfile;
 use super::trace::Request;
@@ -124,140 +125,6 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Work of one request on an otherwise idle, perfectly batched replica, ms (fluid bound).
-pub fn work_ms(r: &Request, p: &ServiceProfile) -> f64 {
-    let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s;
-    let decode = f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_at_max;
-    (prefill + decode) * 1000.0
-}
-
-/// Unloaded time to first token of one request, ms.
-pub fn unloaded_ttft_ms(r: &Request, p: &ServiceProfile) -> u64 {
-    (f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0).ceil() as u64
-}
-
-/// Shortest time one request occupies a replica, ms: prefill at the prefill rate, then its
-/// other tokens at the single-sequence decode rate (no sequence decodes faster than that).
-pub fn service_ms(r: &Request, p: &ServiceProfile) -> f64 {
-    let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s;
-    let decode = f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_single;
-    (prefill + decode) * 1000.0
-}
-
-/// One merged span of anchored requests' occupancy windows, ms.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    start: f64,
-    end: f64,
-    /// the longest unloaded service in the span
-    longest: f64,
-    /// the prefill of every request in the span
-    prefill: f64,
-}
-
-impl Span {
-    /// Billed ready time the span forces: one replica for its longest service, and at least
-    /// the summed prefill across replicas.
-    fn occupied(&self) -> f64 {
-        self.longest.max(self.prefill)
-    }
-}
-
-/// The disjoint spans of `E = [a, a + slo - p + s]` over the anchored requests, in time order.
-fn anchored_spans(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> Vec<Span> {
-    let slo_ms = p.ttft_slo_s * 1000.0;
-    let mut windows: Vec<Span> = reqs
-        .iter()
-        .zip(anchored)
-        .filter(|(_, a)| **a)
-        .map(|(r, _)| {
-            let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0;
-            let s = service_ms(r, p);
-            let start = r.arrival_ms as f64;
-            Span {
-                start,
-                end: start + slo_ms - prefill + s,
-                longest: s,
-                prefill,
-            }
-        })
-        // a prefill longer than the target cannot meet it: such a request anchors nothing
-        .filter(|w| w.prefill <= slo_ms)
-        .collect();
-    windows.sort_by(|a, b| a.start.total_cmp(&b.start));
-    let mut spans: Vec<Span> = Vec::new();
-    for w in windows {
-        match spans.last_mut() {
-            Some(cur) if w.start <= cur.end => {
-                cur.end = cur.end.max(w.end);
-                cur.longest = cur.longest.max(w.longest);
-                cur.prefill += w.prefill;
-            }
-            _ => spans.push(w),
-        }
-    }
-    spans
-}
-
-fn fluid_ms(reqs: &[Request], p: &ServiceProfile) -> f64 {
-    reqs.iter().map(|r| work_ms(r, p)).sum()
-}
-
-/// Lower bound on the billed replica-ms of a run, counting no cold start: it holds for every
-/// run and is tight only for fleets whose replicas start instantly. `anchored[i]` says that
-/// request `i` met the TTFT target and was not evicted after its first token; every request
-/// counts in the fluid work.
-///
-/// An anchored request `i` (arrival `a`, prefill `p`, unloaded service `s`) sits on one billed
-/// replica for at least `[c, c + s]` with `a <= c <= a + slo - p`, so inside
-/// `E = [a, a + slo - p + s]`, and its prefill runs inside `[a, a + slo]`. The merged spans of
-/// these `E` are disjoint; inside each, some replica is billed for at least the longest `s`
-/// and replicas spend at least the summed prefill. Billing outside the spans and the fluid
-/// work give the rest: `max(fluid work, sum over spans of max(longest s, summed prefill))`.
-pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
-    let occupied: f64 = anchored_spans(reqs, p, anchored)
-        .iter()
-        .map(Span::occupied)
-        .sum();
-    fluid_ms(reqs, p).max(occupied)
-}
-
-/// Lower bound on the billed replica-ms of a run that starts with no replica and pays the
-/// profile's cold start `C` for every replica it starts (as every simulated fleet does; a
-/// fleet that is ready at the first arrival started `C` before it), `anchored` as in
-/// [`bound_ms`]. It is what a fleet with perfect foresight pays: it starts each replica `C`
-/// before it is needed, so no request waits for a cold start, and across an idle gap `G`
-/// between spans it keeps a replica when `G < C` and restarts one otherwise.
-///
-/// Proof, on top of [`bound_ms`]'s (whose span billing is ready time): take two consecutive
-/// spans and the gap `G` between them. Either some replica is billed at every moment of the
-/// gap (billing `G` outside every span), or at some moment none is; then the replica that
-/// claims the next span's first anchored request started after that moment, and its cold
-/// start `C` is billed, not ready, and ends before that claim, so before the next gap. The
-/// first anchored request needs a start the same way. Cold-start billing is never ready time,
-/// so: `C + max(fluid work, sum of span occupancy + sum over gaps of min(G, C))`.
-pub fn clairvoyant_bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
-    clairvoyant(reqs, p, anchored).0
-}
-
-/// [`clairvoyant_bound_ms`] and the replica starts of the schedule it describes: one, and one
-/// more after every gap of at least a cold start.
-fn clairvoyant(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u64) {
-    if reqs.is_empty() {
-        return (0.0, 0);
-    }
-    let cold = p.cold_start_ms() as f64;
-    let spans = anchored_spans(reqs, p, anchored);
-    let occupied: f64 = spans.iter().map(Span::occupied).sum();
-    let gaps = || spans.windows(2).map(|w| w[1].start - w[0].end);
-    let bridged: f64 = gaps().map(|g| g.min(cold)).sum();
-    let restarts = gaps().filter(|g| *g >= cold).count() as u64;
-    (
-        cold + fluid_ms(reqs, p).max(occupied + bridged),
-        1 + restarts,
-    )
-}
-
 /// A bound as a report row: `ms` of spot billing, each request at its unloaded latency.
 fn bound_row(name: &str, ms: f64, reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let ms = ms.floor() as u64;
@@ -295,25 +162,25 @@ pub fn fluid_bound(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     bound_row("fluid-bound", fluid_ms(reqs, p), reqs, p)
 }
 
-/// The oracle row, the reference of every ratio: [`clairvoyant_bound_ms`] with every request
+/// The oracle row, the reference of every ratio: [`bound::clairvoyant_bound_ms`] with every request
 /// anchored, i.e. the least a fleet with perfect foresight pays to meet every request's TTFT
 /// when its replicas take the profile's cold start to start, as every other row's do.
 pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let all = vec![true; reqs.len()];
-    let (ms, starts) = clairvoyant(reqs, p, &all);
+    let (ms, starts) = bound::clairvoyant(reqs, p, &all);
     PolicySummary {
         cold_starts: starts,
         ..bound_row("oracle", ms, reqs, p)
     }
 }
 
-/// The oracle whose replicas start instantly and free (`oracle-no-cold`): [`bound_ms`] with
+/// The oracle whose replicas start instantly and free (`oracle-no-cold`): [`bound::bound_ms`] with
 /// every request anchored. Issue #7's first reading of "no cold start"; no fleet that pays
 /// cold starts can approach it when requests are sparser than a cold start (see
 /// `docs/autoscaling.md`, "Which oracle").
 pub fn oracle_no_cold_start(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let all = vec![true; reqs.len()];
-    bound_row("oracle-no-cold", bound_ms(reqs, p, &all), reqs, p)
+    bound_row("oracle-no-cold", bound::bound_ms(reqs, p, &all), reqs, p)
 }
 
 /// Summarises one run against the oracle's cost.

@@ -374,9 +374,13 @@ fn bound_counts_whole_replica_occupancy_per_span() {
     // a gap shorter than a cold start is bridged: spans [0, 3 s] and [5 s, 8 s]
     let near = vec![req(0, 500, 11), req(5, 500, 11)];
     assert_eq!(c(&near, &all(2)), 10_000.0 + 3_000.0 + 2_000.0);
-    // merged, burst, long and partially anchored: one start on top of the bound above
+    // merged, long and partially anchored: one start on top of the bound above
     assert_eq!(c(&close, &all(2)), 11_500.0);
-    assert_eq!(c(&burst, &all(5)), 15_000.0);
+    // the burst's 5 s of prefill within a 2 s target needs 3 replicas ready at once: three
+    // cold starts and the first replica's 1 s service (one start and the 5 s of prefill
+    // before the levels bound)
+    assert_eq!(c(&burst, &all(5)), 31_000.0);
+    assert_eq!(report::oracle(&burst, &p).cold_starts, 3);
     assert_eq!(c(&long, &all(1)), 13_250.0);
     assert_eq!(c(&apart, &[true, false]), 11_500.0);
     assert_eq!(c(&[], &[]), 0.0);

@@ -10,7 +10,10 @@
 
 use super::profile::ServiceProfile;
 use super::trace::Request;
-use std::ops::Range;
+use clusters::cluster_bounds;
+
+mod clusters;
+mod levels;
 
 /// Work of one request on an otherwise idle, perfectly batched replica, ms (fluid bound).
 pub fn work_ms(r: &Request, p: &ServiceProfile) -> f64 {
@@ -139,13 +142,17 @@ pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 
 /// before it is needed, so no request waits for a cold start, keeps one across an idle gap
 /// shorter than `C` and restarts across a longer one.
 ///
-/// The larger of two proven bounds (`docs/autoscaling.md`, "The oracle"):
+/// The largest of three proven bounds (`docs/autoscaling.md`, "The oracle"):
 /// - spans: `C + max(fluid work, sum of span occupancy + sum over gaps G between spans of
 ///   min(G, C))`;
 /// - clusters, when `C` exceeds every anchor's slack (`C + shortest service + shortest
 ///   prefill > target`): the least, over splits of the anchors (in arrival order) into runs,
 ///   of the sum over runs of `C + max(last a + s - first (a + slo - p), longest s, summed p)`.
-///   It counts the idle time between requests a few seconds apart, which spans do not.
+///   It counts the idle time between requests a few seconds apart, which spans do not;
+/// - levels, under the same condition: the clusters bound without the summed prefill for the
+///   first replica, plus the cold starts that bursts force on the replicas beyond it.
+///
+/// and at least `C + fluid work`.
 pub fn clairvoyant_bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
     clairvoyant(reqs, p, anchored).0
 }
@@ -155,8 +162,8 @@ pub(super) fn clairvoyant(reqs: &[Request], p: &ServiceProfile, anchored: &[bool
     if reqs.is_empty() {
         return (0.0, 0);
     }
-    let (ms, clusters) = schedule(reqs, p, anchored);
-    (ms, clusters.len().max(1) as u64)
+    let (ms, starts, _) = schedule(reqs, p, anchored);
+    (ms, starts)
 }
 
 /// One stretch of the oracle's schedule, ms: a replica is needed from the first request's
@@ -169,26 +176,45 @@ pub struct Stretch {
     pub end_ms: f64,
 }
 
-/// The stretches between the oracle's restarts, with every request anchored: where a fleet
-/// with perfect foresight keeps a replica (see `scalers::Foresight`).
+/// The stretches between the oracle's restarts of its first replica, with every request
+/// anchored: where a fleet with perfect foresight keeps one (see `sim::foresight`).
 pub fn oracle_stretches(reqs: &[Request], p: &ServiceProfile) -> Vec<Stretch> {
-    schedule(reqs, p, &vec![true; reqs.len()]).1
+    schedule(reqs, p, &vec![true; reqs.len()]).2
 }
 
-/// The bound and the stretches of the schedule that attains it.
-fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, Vec<Stretch>) {
+/// The bound, the replica starts it counts, and the stretches of its first replica.
+///
+/// The largest of: the fluid work; the spans bound; the clusters bound; and, per replica
+/// level, the clusters bound without the summed prefill for the first replica plus the cold
+/// starts and bridged gaps that bursts force on the others ([`levels`]).
+fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u64, Vec<Stretch>) {
     let cold = p.cold_start_ms() as f64;
+    let slo_ms = p.ttft_slo_s * 1000.0;
     let anchors = anchors(reqs, p, anchored);
     let fluid = cold + fluid_ms(reqs, p);
-    let (by_spans, span_stretches) = span_bound(&anchors, cold);
-    let (ms, stretches) = match cluster_bound(&anchors, cold, p.ttft_slo_s * 1000.0) {
-        Some((by_clusters, runs)) if by_clusters >= by_spans => {
-            let stretches = runs.into_iter().map(|run| stretch(&anchors[run])).collect();
-            (by_clusters, stretches)
+    let (by_spans, stretches) = span_bound(&anchors, cold);
+    let starts = stretches.len().max(1) as u64;
+    let (mut ms, mut starts, mut stretches) = (by_spans, starts, stretches);
+    if let Some(clusters) = cluster_bounds(&anchors, cold, slo_ms) {
+        let all = &clusters.all_replicas;
+        stretches = all
+            .runs
+            .iter()
+            .map(|r| stretch(&anchors[r.clone()]))
+            .collect();
+        if all.ms >= ms {
+            (ms, starts) = (all.ms, all.runs.len().max(1) as u64);
         }
-        _ => (by_spans, span_stretches),
-    };
-    (ms.max(fluid), stretches)
+        let first = &clusters.first_replica;
+        let (beyond, more_starts) = levels::beyond_the_first_ms(&anchors, cold, slo_ms);
+        if first.ms + beyond > ms {
+            (ms, starts) = (
+                first.ms + beyond,
+                first.runs.len().max(1) as u64 + more_starts,
+            );
+        }
+    }
+    (ms.max(fluid), starts, stretches)
 }
 
 fn stretch(run: &[Anchor]) -> Stretch {
@@ -221,105 +247,4 @@ fn span_bound(anchors: &[Anchor], cold: f64) -> (f64, Vec<Stretch>) {
         }
     }
     (cold + occupied + bridged, stretches)
-}
-
-/// The cluster bound and its clusters (ranges of `anchors`), or `None` when a cold start is
-/// not longer than some anchor's slack, where clusters need not be runs in arrival order.
-///
-/// In any run, split the union of the anchored services at its gaps of at least `C`: each
-/// such gap, and the first start, bills a cold start or the gap, and each cluster between
-/// bills its extent (shorter gaps are billed throughout, or a cold start would not fit). A
-/// later cluster's request arrived after an earlier cluster's, because it started at least
-/// `C + s` after that one's arrival and `C` exceeds its slack. The extent is at least the
-/// latest `a + s` minus the earliest `a + slo - p`, the longest `s`, and the summed `p`.
-/// The least sum over all splits into runs is the dynamic programme below (quadratic).
-fn cluster_bound(anchors: &[Anchor], cold: f64, slo_ms: f64) -> Option<(f64, Vec<Range<usize>>)> {
-    if anchors.is_empty() {
-        return Some((cold, Vec::new()));
-    }
-    let shortest = |f: fn(&Anchor) -> f64| anchors.iter().map(f).fold(f64::INFINITY, f64::min);
-    if cold + shortest(|a| a.service) + shortest(|a| a.prefill) <= slo_ms {
-        return None;
-    }
-    // least[i]: the best split of the first i anchors; first[i]: where its last run starts
-    let mut least = vec![0.0; anchors.len() + 1];
-    let mut first = vec![0usize; anchors.len() + 1];
-    for i in 1..=anchors.len() {
-        let (mut first_latest_start, mut last_end) = (f64::INFINITY, f64::NEG_INFINITY);
-        let (mut longest, mut prefill) = (0.0f64, 0.0);
-        least[i] = f64::INFINITY;
-        // the last run is anchors[j..i]
-        for j in (0..i).rev() {
-            let a = &anchors[j];
-            first_latest_start = first_latest_start.min(a.latest_start);
-            last_end = last_end.max(a.arrival + a.service);
-            longest = longest.max(a.service);
-            prefill += a.prefill;
-            let extent = (last_end - first_latest_start).max(longest).max(prefill);
-            let total = least[j] + cold + extent;
-            if total < least[i] {
-                least[i] = total;
-                first[i] = j;
-            }
-        }
-    }
-    let mut runs = Vec::new();
-    let mut end = anchors.len();
-    while end > 0 {
-        runs.push(first[end]..end);
-        end = first[end];
-    }
-    runs.reverse();
-    Some((least[anchors.len()], runs))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn anchor(arrival: f64) -> Anchor {
-        Anchor {
-            arrival,
-            latest_start: arrival + 1_900.0,
-            service: 100.0,
-            prefill: 100.0,
-        }
-    }
-
-    #[test]
-    fn clusters_need_a_cold_start_longer_than_every_slack() {
-        // slack 1.9 s: with a 1 s cold start a later cluster could hold an earlier arrival,
-        // so the runs-in-arrival-order programme would not bound every run
-        let v = [anchor(0.0), anchor(5_000.0)];
-        assert!(cluster_bound(&v, 1_000.0, 2_000.0).is_none());
-        assert!(cluster_bound(&v, 1_800.0, 2_000.0).is_none());
-        // 1.9 s + 0.1 s service + 0.1 s prefill > 2 s: two clusters of 1.9 + 0.1 s each
-        // (one cluster bills 1.9 s + its extent 5.1 - 1.9 s = 5.1 s)
-        assert_eq!(
-            cluster_bound(&v, 1_900.0, 2_000.0),
-            Some((4_000.0, vec![0..1, 1..2]))
-        );
-        assert_eq!(
-            cluster_bound(&[], 1_900.0, 2_000.0),
-            Some((1_900.0, vec![]))
-        );
-    }
-
-    #[test]
-    fn a_cluster_counts_its_summed_prefill() {
-        // ten prompts at once, 1 s of prefill each, on a 2 s target: the services fit in
-        // 1.1 s but replicas spend 10 s prefilling
-        let v: Vec<Anchor> = (0..10)
-            .map(|_| Anchor {
-                arrival: 0.0,
-                latest_start: 1_000.0,
-                service: 1_100.0,
-                prefill: 1_000.0,
-            })
-            .collect();
-        let (ms, clusters) = cluster_bound(&v, 60_000.0, 2_000.0).unwrap_or_default();
-        assert_eq!(ms, 70_000.0);
-        assert_eq!(clusters.len(), 1);
-        assert_eq!((clusters[0].start, clusters[0].end), (0, 10));
-    }
 }

@@ -292,14 +292,30 @@ fn scalers_of(cfg: &SimConfig) -> Vec<Box<dyn scalers::Scaler>> {
 #[test]
 fn the_oracle_is_never_beaten() {
     // dense traffic, and the same thinned to 3 %, where replicas come and go (the cluster
-    // bound splits at gaps longer than a cold start)
+    // bound splits at gaps longer than a cold start); on seeds 1-2 also, thinned, a CPU-like
+    // fleet (30 s target, slow prefill) whose cold start equals the target and one whose cold
+    // start is shorter than the slack, where the clusters and levels bounds do not apply
     let cfgs = (1..=4).flat_map(|seed| {
         let dense = synthetic_cfg(seed, 1.0);
         let sparse = SimConfig {
             requests: trace::thin(&dense.requests, 0.03, seed),
             ..synthetic_cfg(seed, 1.0)
         };
-        [dense, sparse]
+        let slow = |cold_start_s: f64, c: &SimConfig| {
+            let mut c = c.clone();
+            c.fleet.profile = ServiceProfile {
+                cold_start_s,
+                ttft_slo_s: 30.0,
+                prefill_tokens_per_s: 300.0,
+                ..c.fleet.profile
+            };
+            c
+        };
+        let mut v = vec![dense.clone(), sparse.clone()];
+        if seed <= 2 {
+            v.extend([slow(30.0, &sparse), slow(10.0, &sparse)]);
+        }
+        v
     });
     for cfg in cfgs {
         let seed = cfg.fleet.seed;

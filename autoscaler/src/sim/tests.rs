@@ -85,6 +85,29 @@ fn one_request_from_zero_matches_the_hand_computation() {
     assert_eq!(s.cost_micros, 12_000);
     assert!((s.cost_vs_oracle - 1.0).abs() < 1e-9);
     assert_eq!(s.slo_attainment, 0.0);
+    // no request arrives after the first cold start: nothing to miss there
+    assert_eq!(s.slo_attainment_after_first_cold_start, 1.0);
+}
+
+#[test]
+fn steady_state_attainment_leaves_out_the_first_cold_start() {
+    // requests at 0 s (waits the 10 s cold start), 5 s (waits the rest of it) and 10.5 s
+    // (the replica is up): 1 of 3 within 2 s overall, 1 of 1 after the first 10 s
+    let f = fleet(tiny_profile());
+    let at = |ms| Request {
+        arrival_ms: ms,
+        prompt_tokens: 500,
+        generated_tokens: 2,
+    };
+    let reqs = vec![at(0), at(5_000), at(10_500)];
+    let run = run_policy(
+        &reqs,
+        &f,
+        &mut Ours::new("ours", spec(), Duration::from_secs(1)),
+    );
+    let s = report::summarise(run, &reqs, &f.profile, 1);
+    assert!((s.slo_attainment - 1.0 / 3.0).abs() < 1e-9, "{s:?}");
+    assert_eq!(s.slo_attainment_after_first_cold_start, 1.0);
 }
 
 #[test]

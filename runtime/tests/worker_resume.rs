@@ -112,13 +112,18 @@ async fn crashed_workers_jobs_are_taken_over_and_resumed(h: Harness) {
     interrupt_and_resume(h, true).await;
 }
 
+/// Short enough that the generation below outlives it several times; long enough that a
+/// keep-alive (every quarter of it) is not missed four times in a row on a loaded 2-core
+/// machine (200 ms was, once, in a full `cargo test` run).
+const CLAIM_TIMEOUT: Duration = Duration::from_millis(800);
+
 /// A generation that runs several claim timeouts is renewed by its worker: a second
 /// worker scanning for dead workers' jobs never takes it.
 async fn long_generations_are_kept_alive(h: Harness) {
     let (_dir, model) = tiny_model(&slow_spec());
     let b = h.broker.clone();
     let mut config = test_config("m", "w1");
-    config.claim_timeout = Duration::from_millis(200);
+    config.claim_timeout = CLAIM_TIMEOUT;
     let w1 = spawn_worker(model.clone(), b.clone(), config.clone());
     let j = job("m", &prompts(1)[0], 3000);
     b.enqueue(&j).await.unwrap();
@@ -129,7 +134,7 @@ async fn long_generations_are_kept_alive(h: Harness) {
     let started = std::time::Instant::now();
     let events = read_to_end(&*b, j.id, LONG).await;
     assert!(
-        started.elapsed() > 3 * Duration::from_millis(200),
+        started.elapsed() > 3 * CLAIM_TIMEOUT,
         "the generation was too short to test keep-alive: {:?}",
         started.elapsed()
     );

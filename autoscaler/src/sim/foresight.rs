@@ -144,21 +144,7 @@ impl Scaler for Foresight {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn profile() -> ServiceProfile {
-        ServiceProfile {
-            name: "tiny".into(),
-            prefill_tokens_per_s: 1000.0,
-            decode_tokens_per_s_single: 10.0,
-            decode_tokens_per_s_at_max: 40.0,
-            max_concurrent_seqs: 4,
-            cold_start_s: 10.0,
-            spot_price_micros_per_hour: 3_600_000,
-            on_demand_price_micros_per_hour: 7_200_000,
-            ttft_slo_s: 2.0,
-            target_in_flight: 1.0,
-        }
-    }
+    use crate::sim::tests::tiny_profile as profile;
 
     fn req(at_s: u64, prompt: u32) -> Request {
         Request {

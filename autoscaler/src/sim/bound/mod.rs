@@ -192,9 +192,8 @@ fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u6
     let slo_ms = p.ttft_slo_s * 1000.0;
     let anchors = anchors(reqs, p, anchored);
     let fluid = cold + fluid_ms(reqs, p);
-    let (by_spans, stretches) = span_bound(&anchors, cold);
-    let starts = stretches.len().max(1) as u64;
-    let (mut ms, mut starts, mut stretches) = (by_spans, starts, stretches);
+    let (mut ms, mut stretches) = span_bound(&anchors, cold);
+    let mut starts = stretches.len().max(1) as u64;
     if let Some(clusters) = cluster_bounds(&anchors, cold, slo_ms) {
         let all = &clusters.all_replicas;
         stretches = all

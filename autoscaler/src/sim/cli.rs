@@ -268,6 +268,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
         let panels: Vec<(&str, &[super::Sample])> = report
             .policies
             .iter()
+            .chain([&report.foresight])
             .map(|p| (p.name.as_str(), p.series.as_slice()))
             .collect();
         let title = format!("{} — {}", report.fleet.profile.name, report.trace);
@@ -277,7 +278,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
     if let Some(path) = &args.series_csv {
         let mut csv =
             String::from("policy,t_s,arrivals_per_s,ready_spot,ready_on_demand,billed,backlog\n");
-        for p in &report.policies {
+        for p in report.policies.iter().chain([&report.foresight]) {
             for x in &p.series {
                 csv.push_str(&format!(
                     "{},{},{},{},{},{},{}\n",

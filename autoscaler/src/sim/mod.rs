@@ -1,7 +1,8 @@
 //! Trace-replay simulator (`tidal sim`): replays a request trace through the real autoscaling
 //! policy on a simulated fleet, side by side with the baselines people use today (Knative KPA,
-//! KEDA + HPA, always-on at the peak) and three lower bounds (the oracle, the oracle without
-//! cold starts and the fluid bound).
+//! KEDA + HPA, always-on at the peak), three lower bounds (the oracle, the oracle without
+//! cold starts and the fluid bound; `bound`) and a fleet that knows every arrival
+//! (`foresight`), which bounds the best fleet's cost from above.
 
 pub mod bound;
 pub mod cli;

@@ -86,7 +86,8 @@ pub struct PolicyRun {
     pub end_ms: u64,
 }
 
-fn in_outage(outages: &[(u64, u64)], t: u64) -> bool {
+/// Whether spot capacity is out at `t` ms (no new spot replica can start).
+pub(super) fn in_outage(outages: &[(u64, u64)], t: u64) -> bool {
     outages.iter().any(|(a, b)| t >= *a && t < *b)
 }
 

@@ -4,7 +4,7 @@
 //! between the two, and a policy's ratio to the true optimum lies between its ratios to them.
 //!
 //! It computes, for every second, the replicas that second needs ready: one over each of
-//! the oracle's stretches ([`bound::oracle_stretches`]), more when the prompts arriving
+//! the oracle's stretches ([`super::bound::oracle_schedule`]), more when the prompts arriving
 //! within a TTFT target need more than one replica's prefill to meet it, or the requests in
 //! service (at their unloaded service time) more than one replica's sequence slots. It asks
 //! at each moment for the most any second within the next cold start needs: replicas are
@@ -15,7 +15,8 @@
 //! spot replicas the outage will need from before it starts. It does not foresee spot
 //! interruptions.
 
-use super::bound::{self, service_ms};
+use super::bound::{prefill_ms, service_ms, Stretch};
+use super::engine::in_outage;
 use super::profile::ServiceProfile;
 use super::scalers::{Desired, Scaler};
 use super::trace::Request;
@@ -65,8 +66,14 @@ fn hold_spot_through_outages(need: &mut [u32], outages: &[(u64, u64)], p: &Servi
 }
 
 impl Foresight {
-    /// The fleet for `reqs` (sorted by arrival) on `profile`, knowing the spot `outages`.
-    pub fn new(reqs: &[Request], profile: &ServiceProfile, outages: &[(u64, u64)]) -> Self {
+    /// The fleet for `reqs` (sorted by arrival) on `profile`, following the oracle's
+    /// `stretches` ([`super::bound::oracle_schedule`]) and knowing the spot `outages`.
+    pub fn new(
+        reqs: &[Request],
+        profile: &ServiceProfile,
+        stretches: &[Stretch],
+        outages: &[(u64, u64)],
+    ) -> Self {
         let slo_ms = ((profile.ttft_slo_s * 1000.0) as u64).max(1);
         let second = |ms: f64| (ms / TICK_MS as f64) as usize;
         let end = reqs
@@ -75,7 +82,7 @@ impl Foresight {
             .fold(0.0, f64::max);
         let seconds = second(end) + 2;
         let mut need = vec![0u32; seconds];
-        for s in bound::oracle_stretches(reqs, profile) {
+        for s in stretches {
             let to = second(s.end_ms.ceil()).min(seconds - 1);
             for n in need.iter_mut().take(to + 1).skip(second(s.start_ms)) {
                 *n = 1;
@@ -88,8 +95,6 @@ impl Foresight {
             starts_ends[second(a)] += 1;
             starts_ends[second(a + service_ms(r, profile)) + 1] -= 1;
         }
-        let prefill_ms =
-            |r: &Request| f64::from(r.prompt_tokens) / profile.prefill_tokens_per_s * 1000.0;
         let mut in_service = 0i64;
         for (k, n) in need.iter_mut().enumerate() {
             in_service += starts_ends[k];
@@ -97,7 +102,7 @@ impl Foresight {
             // prompts arriving in [t - slo, t + tick) prefill within the target
             let a = reqs.partition_point(|r| r.arrival_ms < t.saturating_sub(slo_ms));
             let b = reqs.partition_point(|r| r.arrival_ms < t + TICK_MS);
-            let prefill: f64 = reqs[a..b].iter().map(prefill_ms).sum();
+            let prefill: f64 = reqs[a..b].iter().map(|r| prefill_ms(r, profile)).sum();
             let for_prefill = beyond_one(prefill / slo_ms as f64);
             let for_slots =
                 beyond_one(in_service as f64 / f64::from(profile.max_concurrent_seqs.max(1)));
@@ -118,10 +123,6 @@ impl Foresight {
             .get(k..end)
             .map_or(0, |w| w.iter().copied().max().unwrap_or(0))
     }
-
-    fn spot_out(&self, t: u64) -> bool {
-        self.outages.iter().any(|(a, b)| (*a..*b).contains(&t))
-    }
 }
 
 impl Scaler for Foresight {
@@ -141,7 +142,7 @@ impl Scaler for Foresight {
         let keep_spot = n.min(obs.spot.ready + obs.spot.starting);
         let keep_on_demand = (n - keep_spot).min(obs.on_demand.ready + obs.on_demand.starting);
         let new = n - keep_spot - keep_on_demand;
-        if self.spot_out(t) {
+        if in_outage(&self.outages, t) {
             Desired {
                 spot: keep_spot,
                 on_demand: keep_on_demand + new,
@@ -166,7 +167,18 @@ impl Scaler for Foresight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::bound;
     use crate::sim::tests::tiny_profile as profile;
+
+    /// The fleet on the tiny profile, with the oracle's stretches for `reqs`.
+    fn foresight(reqs: &[Request], outages: &[(u64, u64)]) -> Foresight {
+        let stretches = bound::oracle_schedule(reqs, &profile()).stretches;
+        Foresight::new(reqs, &profile(), &stretches, outages)
+    }
+
+    fn want(spot: u32, on_demand: u32) -> Desired {
+        Desired { spot, on_demand }
+    }
 
     fn req(at_s: u64, prompt: u32) -> Request {
         Request {
@@ -179,7 +191,7 @@ mod tests {
     #[test]
     fn asks_a_cold_start_ahead_and_releases_across_long_gaps() {
         // stretches [20 s, 21.5 s] and [100 s, 101.5 s]: asked a cold start ahead
-        let mut f = Foresight::new(&[req(20, 500), req(100, 500)], &profile(), &[]);
+        let mut f = foresight(&[req(20, 500), req(100, 500)], &[]);
         let idle = Observed::default();
         let at = |f: &mut Foresight, s: u64| f.desired(&idle, Duration::from_secs(s)).spot;
         assert_eq!(f.initial(), Desired::default());
@@ -202,14 +214,8 @@ mod tests {
         // five 1.6 s prompts at 5 s: 8 s of prefill within a 2 s target -> 4 replicas,
         // ready at t = 0 since 5 s is within the first cold start
         let burst: Vec<Request> = (0..5).map(|_| req(5, 1600)).collect();
-        let mut f = Foresight::new(&burst, &profile(), &[]);
-        assert_eq!(
-            f.initial(),
-            Desired {
-                spot: 4,
-                on_demand: 0
-            }
-        );
+        let mut f = foresight(&burst, &[]);
+        assert_eq!(f.initial(), want(4, 0));
         // while they are being served, all four are kept; once idle, none
         let busy = Observed {
             in_flight: 5,
@@ -229,25 +235,16 @@ mod tests {
         // (10,000) is cheaper than their seconds on demand (at 2,000/s), so a spot replica
         // is asked a cold start before the outage and kept through it
         let reqs: Vec<Request> = (0..5).map(|i| req(16 + 2 * i, 500)).collect();
-        let mut f = Foresight::new(&reqs, &profile(), &[(15_000, 25_000)]);
+        let mut f = foresight(&reqs, &[(15_000, 25_000)]);
         let idle = Observed::default();
         assert_eq!(f.desired(&idle, Duration::from_secs(4)).spot, 0);
-        assert_eq!(
-            f.desired(&idle, Duration::from_secs(5)),
-            Desired {
-                spot: 1,
-                on_demand: 0
-            }
-        );
+        assert_eq!(f.desired(&idle, Duration::from_secs(5)), want(1, 0));
         let mut running = Observed::default();
         running.spot.ready = 1;
         for t in 15..25 {
             assert_eq!(
                 f.desired(&running, Duration::from_secs(t)),
-                Desired {
-                    spot: 1,
-                    on_demand: 0
-                },
+                want(1, 0),
                 "t={t}"
             );
         }
@@ -255,24 +252,12 @@ mod tests {
 
     #[test]
     fn starts_on_demand_while_spot_is_out_and_keeps_what_runs() {
-        let mut f = Foresight::new(&[req(20, 500)], &profile(), &[(0, 15_000)]);
+        let mut f = foresight(&[req(20, 500)], &[(0, 15_000)]);
         let idle = Observed::default();
-        assert_eq!(
-            f.desired(&idle, Duration::from_secs(10)),
-            Desired {
-                spot: 0,
-                on_demand: 1
-            }
-        );
+        assert_eq!(f.desired(&idle, Duration::from_secs(10)), want(0, 1));
         // after the outage the on-demand replica it started is kept, not replaced
         let mut running = Observed::default();
         running.on_demand.starting = 1;
-        assert_eq!(
-            f.desired(&running, Duration::from_secs(16)),
-            Desired {
-                spot: 0,
-                on_demand: 1
-            }
-        );
+        assert_eq!(f.desired(&running, Duration::from_secs(16)), want(0, 1));
     }
 }

@@ -151,13 +151,15 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     )));
     scalers.push(Box::new(Keda::new(p.target_in_flight, max)));
     scalers.push(Box::new(AlwaysOn::new(always)));
-    let oracle = report::oracle(reqs, p);
+    let schedule = bound::oracle_schedule(reqs, p);
+    let oracle = report::oracle(&schedule, reqs, p);
     let vs_oracle = |cost: u64| cost as f64 / oracle.cost_micros.max(1) as f64;
     let mut no_cold = report::oracle_no_cold_start(reqs, p);
     no_cold.cost_vs_oracle = vs_oracle(no_cold.cost_micros);
     let mut fluid = report::fluid_bound(reqs, p);
     fluid.cost_vs_oracle = vs_oracle(fluid.cost_micros);
-    let mut foresight = foresight::Foresight::new(reqs, p, &cfg.fleet.spot_outages);
+    let mut foresight =
+        foresight::Foresight::new(reqs, p, &schedule.stretches, &cfg.fleet.spot_outages);
     let foresight = report::summarise(
         run_policy(reqs, &cfg.fleet, &mut foresight),
         reqs,

@@ -169,15 +169,13 @@ pub fn fluid_bound(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     bound_row("fluid-bound", fluid_ms(reqs, p), reqs, p)
 }
 
-/// The oracle row, the reference of every ratio: [`bound::clairvoyant_bound_ms`] with every request
-/// anchored, i.e. the least a fleet with perfect foresight pays to meet every request's TTFT
-/// when its replicas take the profile's cold start to start, as every other row's do.
-pub fn oracle(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
-    let all = vec![true; reqs.len()];
-    let (ms, starts) = bound::clairvoyant(reqs, p, &all);
+/// The oracle row, the reference of every ratio, from [`bound::oracle_schedule`]: at least
+/// what a fleet with perfect foresight pays to meet every request's TTFT when its replicas
+/// take the profile's cold start to start, as every other row's do.
+pub fn oracle(schedule: &bound::Schedule, reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     PolicySummary {
-        cold_starts: starts,
-        ..bound_row("oracle", ms, reqs, p)
+        cold_starts: schedule.starts,
+        ..bound_row("oracle", schedule.ms, reqs, p)
     }
 }
 

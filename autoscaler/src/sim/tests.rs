@@ -23,6 +23,11 @@ pub(super) fn tiny_profile() -> ServiceProfile {
     }
 }
 
+/// The oracle row of `reqs`.
+fn oracle_of(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
+    report::oracle(&bound::oracle_schedule(reqs, p), reqs, p)
+}
+
 fn fleet(profile: ServiceProfile) -> FleetConfig {
     FleetConfig {
         profile,
@@ -80,7 +85,7 @@ fn one_request_from_zero_matches_the_hand_computation() {
     );
     // the oracle starts that replica 10 s before the arrival: 12 s, what ours paid, but ours
     // made the request wait for the cold start
-    let oracle = report::oracle(&reqs, &f.profile);
+    let oracle = oracle_of(&reqs, &f.profile);
     assert_eq!((oracle.cost_micros, oracle.cold_starts), (12_000, 1));
     assert_eq!(oracle.slo_attainment, 1.0);
     let s = report::summarise(run, &reqs, &f.profile, oracle.cost_micros);
@@ -421,7 +426,7 @@ fn bound_counts_whole_replica_occupancy_per_span() {
     // cold starts and the first replica's 1 s service (one start and the 5 s of prefill
     // before the levels bound)
     assert_eq!(c(&burst, &all(5)), 31_000.0);
-    assert_eq!(report::oracle(&burst, &p).cold_starts, 3);
+    assert_eq!(oracle_of(&burst, &p).cold_starts, 3);
     assert_eq!(c(&long, &all(1)), 13_250.0);
     assert_eq!(c(&apart, &[true, false]), 11_500.0);
     assert_eq!(c(&[], &[]), 0.0);
@@ -436,10 +441,10 @@ fn bound_counts_whole_replica_occupancy_per_span() {
     split.push(req(40, 500, 11));
     assert_eq!(c(&split, &all(4)), 20_000.0 + 11_500.0);
     // the oracle row counts the starts of that schedule
-    assert_eq!(report::oracle(&apart, &p).cold_starts, 2);
-    assert_eq!(report::oracle(&near, &p).cold_starts, 1);
-    assert_eq!(report::oracle(&chain, &p).cold_starts, 1);
-    assert_eq!(report::oracle(&split, &p).cold_starts, 2);
+    assert_eq!(oracle_of(&apart, &p).cold_starts, 2);
+    assert_eq!(oracle_of(&near, &p).cold_starts, 1);
+    assert_eq!(oracle_of(&chain, &p).cold_starts, 1);
+    assert_eq!(oracle_of(&split, &p).cold_starts, 2);
 }
 
 /// Holds every request until the last one has arrived, then serves them together.
@@ -500,7 +505,7 @@ fn target_check_reads_the_rows() {
         cost_micros: cost,
         cost_vs_oracle: cost as f64 / 100.0,
         slo_attainment: slo,
-        ..report::oracle(&[], &tiny_profile())
+        ..oracle_of(&[], &tiny_profile())
     };
     let met = check_target(
         &[

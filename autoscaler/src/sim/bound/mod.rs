@@ -17,22 +17,23 @@ mod levels;
 
 /// Work of one request on an otherwise idle, perfectly batched replica, ms (fluid bound).
 pub fn work_ms(r: &Request, p: &ServiceProfile) -> f64 {
-    let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s;
-    let decode = f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_at_max;
-    (prefill + decode) * 1000.0
+    prefill_ms(r, p) + f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_at_max * 1000.0
+}
+
+/// Prefill of one request's prompt at the profile's prefill rate, ms.
+pub fn prefill_ms(r: &Request, p: &ServiceProfile) -> f64 {
+    f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0
 }
 
 /// Unloaded time to first token of one request, ms.
 pub fn unloaded_ttft_ms(r: &Request, p: &ServiceProfile) -> u64 {
-    (f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0).ceil() as u64
+    prefill_ms(r, p).ceil() as u64
 }
 
 /// Shortest time one request occupies a replica, ms: prefill at the prefill rate, then its
 /// other tokens at the single-sequence decode rate (no sequence decodes faster than that).
 pub fn service_ms(r: &Request, p: &ServiceProfile) -> f64 {
-    let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s;
-    let decode = f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_single;
-    (prefill + decode) * 1000.0
+    prefill_ms(r, p) + f64::from(r.generated_tokens - 1) / p.decode_tokens_per_s_single * 1000.0
 }
 
 /// Fluid work of every request, ms.
@@ -60,7 +61,7 @@ fn anchors(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> Vec<Ancho
         .filter(|(_, a)| **a)
         .map(|(r, _)| {
             let arrival = r.arrival_ms as f64;
-            let prefill = f64::from(r.prompt_tokens) / p.prefill_tokens_per_s * 1000.0;
+            let prefill = prefill_ms(r, p);
             Anchor {
                 arrival,
                 latest_start: arrival + slo_ms - prefill,
@@ -154,16 +155,18 @@ pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 
 ///
 /// and at least `C + fluid work`.
 pub fn clairvoyant_bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 {
-    clairvoyant(reqs, p, anchored).0
+    schedule(reqs, p, anchored).ms
 }
 
-/// [`clairvoyant_bound_ms`] and the replica starts of the schedule it describes.
-pub(super) fn clairvoyant(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u64) {
-    if reqs.is_empty() {
-        return (0.0, 0);
-    }
-    let (ms, starts, _) = schedule(reqs, p, anchored);
-    (ms, starts)
+/// The schedule of a fleet with perfect foresight that [`clairvoyant_bound_ms`] describes.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Schedule {
+    /// The bound, replica-ms.
+    pub ms: f64,
+    /// The replica starts it counts.
+    pub starts: u64,
+    /// Where its first replica is up, between restarts.
+    pub stretches: Vec<Stretch>,
 }
 
 /// One stretch of the oracle's schedule, ms: a replica is needed from the first request's
@@ -176,10 +179,10 @@ pub struct Stretch {
     pub end_ms: f64,
 }
 
-/// The stretches between the oracle's restarts of its first replica, with every request
-/// anchored: where a fleet with perfect foresight keeps one (see `sim::foresight`).
-pub fn oracle_stretches(reqs: &[Request], p: &ServiceProfile) -> Vec<Stretch> {
-    schedule(reqs, p, &vec![true; reqs.len()]).2
+/// The oracle's schedule: [`clairvoyant_bound_ms`] with every request anchored, computed
+/// once for the oracle row and the `foresight` fleet.
+pub fn oracle_schedule(reqs: &[Request], p: &ServiceProfile) -> Schedule {
+    schedule(reqs, p, &vec![true; reqs.len()])
 }
 
 /// The bound, the replica starts it counts, and the stretches of its first replica.
@@ -187,7 +190,10 @@ pub fn oracle_stretches(reqs: &[Request], p: &ServiceProfile) -> Vec<Stretch> {
 /// The largest of: the fluid work; the spans bound; the clusters bound; and, per replica
 /// level, the clusters bound without the summed prefill for the first replica plus the cold
 /// starts and bridged gaps that bursts force on the others ([`levels`]).
-fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u64, Vec<Stretch>) {
+fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> Schedule {
+    if reqs.is_empty() {
+        return Schedule::default();
+    }
     let cold = p.cold_start_ms() as f64;
     let slo_ms = p.ttft_slo_s * 1000.0;
     let anchors = anchors(reqs, p, anchored);
@@ -213,7 +219,11 @@ fn schedule(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> (f64, u6
             );
         }
     }
-    (ms.max(fluid), starts, stretches)
+    Schedule {
+        ms: ms.max(fluid),
+        starts,
+        stretches,
+    }
 }
 
 fn stretch(run: &[Anchor]) -> Stretch {

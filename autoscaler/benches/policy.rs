@@ -26,6 +26,7 @@ fn decide_tick(c: &mut Criterion) {
                 },
                 on_demand: CapacityObserved::default(),
                 last_request_at: Some(Duration::from_millis(t)),
+                arrived_prompt_tokens: t * 100,
             };
             black_box(decide(
                 black_box(&obs),

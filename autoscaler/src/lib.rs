@@ -8,6 +8,7 @@
 pub mod capacity;
 pub mod observed;
 pub mod policy;
+pub mod prefill;
 pub mod signals;
 pub mod sim;
 pub mod spec;

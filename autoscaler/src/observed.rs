@@ -48,6 +48,9 @@ pub struct Observed {
     pub on_demand: CapacityObserved,
     /// When the last request was enqueued, if ever.
     pub last_request_at: Option<Duration>,
+    /// Prompt tokens enqueued for the model so far, as the broker counts them: a counter that
+    /// only grows, of which the policy uses the growth (prefill sizing).
+    pub arrived_prompt_tokens: u64,
 }
 
 impl Observed {

@@ -7,10 +7,13 @@
 //! ends one stable window after the last panicking tick; scale-up and scale-down rate limits
 //! relative to ready replicas. Unlike KPA the demand is queue depth (stream backlog + pending
 //! entries), so no activator is needed: with nothing running, the first queued request
-//! activates replicas on the same tick, sized from the instantaneous backlog.
+//! activates replicas on the same tick, sized from the instantaneous backlog. With
+//! `prefillTokensPerSecond` set, the demand is also at least the replicas that the prompt
+//! tokens of the last TTFT target need ([`crate::prefill`]).
 
 use crate::capacity::{split, Split};
 use crate::observed::Observed;
+use crate::prefill::{prefill_replicas, ArrivalWindow};
 use crate::spec::{ScalingSpec, StableAggregate};
 use crate::window::Window;
 use std::collections::VecDeque;
@@ -79,6 +82,9 @@ pub struct Decision {
     pub stable_demand: f64,
     /// Demand averaged over the panic window.
     pub panic_demand: f64,
+    /// Replicas (before rounding) the prompts of the last TTFT target ask for; zero with
+    /// prefill sizing off.
+    pub prefill_demand: f64,
 }
 
 /// What the policy remembers between ticks (one per model).
@@ -89,6 +95,7 @@ pub struct PolicyState {
     panic_high_water: u32,
     fallback: u32,
     recent: VecDeque<(Duration, u32)>,
+    arrivals: ArrivalWindow,
 }
 
 impl PolicyState {
@@ -100,6 +107,7 @@ impl PolicyState {
             panic_high_water: 0,
             fallback: 0,
             recent: VecDeque::new(),
+            arrivals: ArrivalWindow::default(),
         }
     }
 }
@@ -118,8 +126,13 @@ pub fn decide(
     state: &mut PolicyState,
     now: Duration,
 ) -> Decision {
-    let demand = metrics.demand() as f64;
     let target = spec.target_in_flight_per_replica.max(f64::MIN_POSITIVE);
+    let prompt_tokens = state
+        .arrivals
+        .record(now, metrics.arrived_prompt_tokens, spec.ttft_target);
+    let prefill_demand = prefill_replicas(prompt_tokens, spec);
+    // Prefill demand in request-count units, so both go through the same windows.
+    let demand = (metrics.demand() as f64).max(prefill_demand * target);
     state.window.record(now, demand);
     let stable_demand = match spec.stable_aggregate {
         StableAggregate::Mean => state.window.average(now, spec.stable_window),
@@ -231,6 +244,7 @@ pub fn decide(
         panic,
         stable_demand,
         panic_demand,
+        prefill_demand,
     }
 }
 

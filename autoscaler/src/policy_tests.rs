@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::observed::CapacityObserved;
-use crate::spec::CapacityMode;
+use crate::spec::{CapacityMode, StableAggregate};
 
 fn s(x: u64) -> Duration {
     Duration::from_secs(x)
@@ -76,6 +76,7 @@ impl Fleet {
             spot: self.capacity(&self.spot, now),
             on_demand: self.capacity(&self.od, now),
             last_request_at: last.map(s),
+            arrived_prompt_tokens: 0,
         }
     }
 
@@ -604,4 +605,65 @@ fn scale_down_delay_does_not_hold_off_scale_to_zero() {
     let ds = run(&mut fleet, &sp, &mut st, 100, 400, &mut last, |_| (0, 0));
     let zero_at = 100 + ds.iter().position(|d| d.serving == 0).unwrap() as u64;
     assert_eq!(zero_at, 99 + 120);
+}
+
+/// A burst of four 15,000-token prompts: one replica prefills 15,000 tokens within the 2 s
+/// target at 75 %, so the prompts need 4 - 1.2 (tolerance) = 2.8, i.e. 3 replicas, where
+/// the request count (4 against a target of 10) asks for 1; four short prompts ask for 1
+/// either way; with `Max` the 3 are held for the stable window after the burst.
+#[test]
+fn prefill_sizing_counts_prompt_tokens_not_requests() {
+    let sized = ScalingSpec {
+        prefill_tokens_per_second: 10_000.0,
+        ttft_target: s(2),
+        stable_aggregate: StableAggregate::Max,
+        ..spec()
+    };
+    let burst = |sp: &ScalingSpec, tokens: u64| {
+        let mut st = PolicyState::new(sp);
+        let idle = Observed {
+            arrived_prompt_tokens: 1_000_000,
+            ..Observed::default()
+        };
+        decide(&idle, sp, &mut st, s(0));
+        let obs = Observed {
+            backlog: 4,
+            last_request_at: Some(s(1)),
+            arrived_prompt_tokens: 1_000_000 + tokens,
+            ..Observed::default()
+        };
+        let d = decide(&obs, sp, &mut st, s(1));
+        (d, st)
+    };
+    let (long, mut st) = burst(&sized, 60_000);
+    assert_eq!((long.serving, long.reason), (3, Reason::Activation));
+    assert!(
+        (long.prefill_demand - 2.8).abs() < 1e-9,
+        "{}",
+        long.prefill_demand
+    );
+    let (by_count, _) = burst(&spec(), 60_000);
+    assert_eq!((by_count.serving, by_count.prefill_demand), (1, 0.0));
+    let (short, _) = burst(&sized, 2_000);
+    assert_eq!((short.serving, short.prefill_demand), (1, 0.0));
+
+    // claimed and running, no new prompts: the window's peak holds the 3, then they go
+    let running = || Observed {
+        in_flight: 4,
+        spot: CapacityObserved {
+            ready: 3,
+            ..CapacityObserved::default()
+        },
+        last_request_at: Some(s(1)),
+        arrived_prompt_tokens: 1_060_000,
+        ..Observed::default()
+    };
+    for t in 2..60 {
+        let d = decide(&running(), &sized, &mut st, s(t));
+        assert_eq!(d.serving, 3, "t = {t}");
+        // the burst arrived in (0 s, 1 s], so it counts until the window no longer reaches it
+        let expected = if t <= 2 { 2.8 } else { 0.0 };
+        assert!((d.prefill_demand - expected).abs() < 1e-9, "t = {t}");
+    }
+    assert_eq!(decide(&running(), &sized, &mut st, s(62)).serving, 1);
 }

@@ -70,6 +70,21 @@ pub struct ScalingSpec {
     /// How long a spot pod may stay Pending before an on-demand replica replaces it.
     #[serde(with = "secs")]
     pub fallback_after: Duration,
+    /// Prompt tokens per second one replica prefills (`tidal bench profile` measures it).
+    /// Above zero, the policy also sizes for the prompts that arrived within the last
+    /// `ttftTarget`: a burst of long prompts needs replicas that a request count misses.
+    /// Zero (the default) sizes on request counts alone.
+    pub prefill_tokens_per_second: f64,
+    /// The time to first token the prefill sizing is for.
+    #[serde(with = "secs")]
+    pub ttft_target: Duration,
+    /// Size so that the prompts of one `ttftTarget` take this fraction of the replicas'
+    /// prefill time (headroom for queueing within the window).
+    pub prefill_utilisation: f64,
+    /// Replicas' worth of prefill overflow left to the request-count sizing and to the
+    /// requests' TTFT slack before the prefill sizing adds a replica: a short overflow of
+    /// one replica should not buy a second one held for the whole stable window.
+    pub prefill_tolerance_replicas: f64,
 }
 
 impl Default for ScalingSpec {
@@ -89,6 +104,10 @@ impl Default for ScalingSpec {
             capacity_mode: CapacityMode::SpotWithFallback,
             base_on_demand_replicas: 0,
             fallback_after: Duration::from_secs(30),
+            prefill_tokens_per_second: 0.0,
+            ttft_target: Duration::from_secs(2),
+            prefill_utilisation: 0.75,
+            prefill_tolerance_replicas: 1.2,
         }
     }
 }
@@ -115,6 +134,20 @@ pub enum SpecError {
     /// The panic window must be non-zero and no longer than the stable window.
     #[error("panicWindow must be non-zero and at most stableWindow")]
     PanicWindow,
+    /// A rate or count that must be zero or more (and finite) is not.
+    #[error("{field} must be a finite number of at least 0, got {value}")]
+    Negative {
+        /// the camelCase field name
+        field: &'static str,
+        /// the offending value
+        value: f64,
+    },
+    /// `prefillUtilisation` outside `(0, 1]`.
+    #[error("prefillUtilisation must be above 0 and at most 1, got {0}")]
+    Utilisation(f64),
+    /// Prefill sizing needs a TTFT target to size for.
+    #[error("ttftTarget must be above zero when prefillTokensPerSecond is set")]
+    NoTtftTarget,
     /// Scale-up/down rates below 1 would forbid moving in that direction at all.
     #[error("{field} must be at least 1.0, got {value}")]
     RateBelowOne {
@@ -175,6 +208,25 @@ impl ScalingSpec {
         }
         if self.panic_window.is_zero() || self.panic_window > self.stable_window {
             return Err(SpecError::PanicWindow);
+        }
+        if !(self.prefill_tokens_per_second.is_finite() && self.prefill_tokens_per_second >= 0.0) {
+            return Err(SpecError::Negative {
+                field: "prefillTokensPerSecond",
+                value: self.prefill_tokens_per_second,
+            });
+        }
+        if !(self.prefill_tolerance_replicas.is_finite() && self.prefill_tolerance_replicas >= 0.0)
+        {
+            return Err(SpecError::Negative {
+                field: "prefillToleranceReplicas",
+                value: self.prefill_tolerance_replicas,
+            });
+        }
+        if !(self.prefill_utilisation > 0.0 && self.prefill_utilisation <= 1.0) {
+            return Err(SpecError::Utilisation(self.prefill_utilisation));
+        }
+        if self.prefill_tokens_per_second > 0.0 && self.ttft_target.is_zero() {
+            return Err(SpecError::NoTtftTarget);
         }
         Ok(())
     }
@@ -239,6 +291,12 @@ mod tests {
         assert_eq!(spec.max_replicas, 3);
         assert_eq!(spec.fallback_after, Duration::from_millis(1500));
         assert_eq!(spec.stable_window, Duration::from_secs(60));
+        assert_eq!(spec.prefill_tokens_per_second, 0.0);
+        let sized: ScalingSpec =
+            serde_json::from_str(r#"{"prefillTokensPerSecond": 10000, "ttftTarget": 2}"#).unwrap();
+        assert_eq!(sized.prefill_tokens_per_second, 10_000.0);
+        assert_eq!(sized.ttft_target, Duration::from_secs(2));
+        assert_eq!(sized.prefill_utilisation, 0.75);
     }
 
     #[test]
@@ -281,5 +339,40 @@ mod tests {
             bad(|s| s.panic_window = Duration::from_secs(61)),
             SpecError::PanicWindow
         );
+        assert_eq!(
+            bad(|s| s.prefill_tokens_per_second = -1.0),
+            SpecError::Negative {
+                field: "prefillTokensPerSecond",
+                value: -1.0
+            }
+        );
+        assert!(matches!(
+            bad(|s| s.prefill_tolerance_replicas = f64::INFINITY),
+            SpecError::Negative {
+                field: "prefillToleranceReplicas",
+                ..
+            }
+        ));
+        assert_eq!(
+            bad(|s| s.prefill_utilisation = 0.0),
+            SpecError::Utilisation(0.0)
+        );
+        assert_eq!(
+            bad(|s| s.prefill_utilisation = 1.5),
+            SpecError::Utilisation(1.5)
+        );
+        assert_eq!(
+            bad(|s| {
+                s.prefill_tokens_per_second = 10_000.0;
+                s.ttft_target = Duration::ZERO;
+            }),
+            SpecError::NoTtftTarget
+        );
+        // without prefill sizing the TTFT target is not read
+        let off = ScalingSpec {
+            ttft_target: Duration::ZERO,
+            ..ScalingSpec::default()
+        };
+        off.validate().unwrap();
     }
 }

@@ -15,6 +15,9 @@ pub const PANIC: &str = "tidal_autoscaler_panic";
 pub const STABLE_DEMAND: &str = "tidal_autoscaler_stable_demand";
 /// Gauge: demand averaged over the panic window, labelled `model`.
 pub const PANIC_DEMAND: &str = "tidal_autoscaler_panic_demand";
+/// Gauge: replicas (before rounding) the prompts of the last TTFT target ask for, labelled
+/// `model` (zero with prefill sizing off).
+pub const PREFILL_DEMAND: &str = "tidal_autoscaler_prefill_demand";
 /// Gauge: jobs queued and not claimed, labelled `model`.
 pub const BACKLOG: &str = "tidal_autoscaler_backlog";
 /// Counter: decisions, labelled `model` and `reason`.
@@ -31,6 +34,7 @@ pub fn record(model: &str, observed: &Observed, d: &Decision) {
     metrics::gauge!(PANIC, "model" => m.clone()).set(if d.panic { 1.0 } else { 0.0 });
     metrics::gauge!(STABLE_DEMAND, "model" => m.clone()).set(d.stable_demand);
     metrics::gauge!(PANIC_DEMAND, "model" => m.clone()).set(d.panic_demand);
+    metrics::gauge!(PREFILL_DEMAND, "model" => m.clone()).set(d.prefill_demand);
     metrics::gauge!(BACKLOG, "model" => m.clone()).set(observed.backlog as f64);
     metrics::counter!(DECISIONS, "model" => m, "reason" => d.reason.to_string()).increment(1);
 }

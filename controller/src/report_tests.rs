@@ -14,6 +14,7 @@ fn decision(spot: u32, on_demand: u32, fallback: u32) -> Decision {
         panic: false,
         stable_demand: 0.0,
         panic_demand: 0.0,
+        prefill_demand: 0.0,
     }
 }
 
@@ -30,6 +31,7 @@ fn observed(spot_ready: u32, od_ready: u32, backlog: u64) -> Observed {
             ..CapacityObserved::default()
         },
         last_request_at: None,
+        arrived_prompt_tokens: 0,
     }
 }
 

@@ -231,6 +231,64 @@ async fn first_reconcile_applies_both_deployments_then_a_scale_patches_only_repl
     assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
 }
 
+/// A first reconcile with nothing queued (both Deployments applied at 0 replicas), after
+/// which the Deployments exist in the cluster.
+async fn first_reconcile_of_an_idle_model(h: &mut Harness, m: &Arc<Model>) {
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(h, m, 0, 0).await;
+    expect_status(h, m).await;
+    task.await.unwrap().unwrap();
+    h.add_deployment(deployment_in_cluster(m, CapacityType::Spot, 0));
+    h.add_deployment(deployment_in_cluster(m, CapacityType::OnDemand, 0));
+}
+
+/// With `prefillTokensPerSecond` set, the prompt tokens the broker counted reach the policy:
+/// two long prompts get the replicas their tokens need, not the one their count asks for.
+#[tokio::test]
+async fn long_prompts_scale_on_their_tokens() {
+    let mut h = Harness::new().await;
+    let mut m = model("small", true);
+    // one replica prefills 1,500 tokens within the 2 s target at the default 75 %
+    m.spec.scaling.prefill_tokens_per_second = 1_000;
+    m.spec.scaling.ttft_target_milliseconds = 2_000;
+    let m = Arc::new(m);
+    first_reconcile_of_an_idle_model(&mut h, &m).await;
+    for _ in 0..2 {
+        // 12,000 bytes of prompt: about 3,000 tokens
+        let long = Job {
+            body: json!({"prompt": "x".repeat(12_000), "max_tokens": 4}),
+            ..job()
+        };
+        h.broker.enqueue(&long).await.unwrap();
+    }
+    assert_eq!(
+        h.broker.depth(ID).await.unwrap().arrived_prompt_tokens,
+        6_000
+    );
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    // 6,000 tokens / 1,500 per replica - 1.2 tolerance = 2.8: 3 replicas (2 requests at 4
+    // per replica alone would be 1)
+    let r = next(&mut h.handle).await;
+    assert_eq!(
+        r.path,
+        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
+    );
+    assert_eq!(r.body, json!({"spec": {"replicas": 3}}));
+    r.reply(
+        200,
+        &serde_json::to_value(deployment_in_cluster(&m, CapacityType::OnDemand, 3)).unwrap(),
+    );
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.body["reason"], "ScaledUp");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    let status = expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["onDemand"], json!({"desired": 3, "ready": 0}));
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
 #[tokio::test]
 async fn a_new_model_gets_the_finaliser_first() {
     let mut h = Harness::new().await;
@@ -415,12 +473,7 @@ async fn invalid_spec_reports_and_waits_for_a_change() {
 async fn a_reconcile_within_the_tick_reuses_the_decision() {
     let mut h = Harness::new().await;
     let m = Arc::new(model("small", true));
-    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    expect_applies(&mut h, &m, 0, 0).await;
-    expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
-    h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
-    h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
+    first_reconcile_of_an_idle_model(&mut h, &m).await;
     for _ in 0..5 {
         h.broker.enqueue(&job()).await.unwrap();
     }

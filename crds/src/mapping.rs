@@ -129,6 +129,9 @@ impl ModelSpec {
             },
             base_on_demand_replicas: c.base_on_demand_replicas,
             fallback_after: secs(c.fallback_after_seconds),
+            prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
+            ttft_target: Duration::from_millis(u64::from(s.ttft_target_milliseconds)),
+            ..ScalingSpec::default()
         };
         spec.validate()?;
         if c.base_on_demand_replicas > s.max_replicas {

@@ -287,6 +287,17 @@ pub struct Scaling {
     #[serde(default = "default_down_rate")]
     #[schemars(range(min = 1.0, max = 1000.0))]
     pub max_scale_down_rate: f64,
+    /// Prompt tokens per second one replica prefills (`tidal bench profile` measures it). Above
+    /// 0, replicas are also sized for the prompt tokens that arrive within
+    /// `ttftTargetMilliseconds`, so a burst of long prompts gets more replicas than its
+    /// request count; 0 sizes on request counts alone.
+    #[serde(default)]
+    #[schemars(range(max = 100000000))]
+    pub prefill_tokens_per_second: u32,
+    /// The time to first token that prefill sizing is for.
+    #[serde(default = "default_ttft_target")]
+    #[schemars(range(min = 10, max = 600000))]
+    pub ttft_target_milliseconds: u32,
     /// Longest a request waits in the queue (cold start included) before the gateway gives up.
     #[serde(default = "default_max_queue_wait")]
     #[schemars(range(min = 1, max = 3600))]
@@ -321,6 +332,9 @@ fn default_up_rate() -> f64 {
 fn default_down_rate() -> f64 {
     2.0
 }
+fn default_ttft_target() -> u32 {
+    2000
+}
 fn default_max_queue_wait() -> u32 {
     120
 }
@@ -342,6 +356,8 @@ impl Default for Scaling {
             scale_down_delay_seconds: 0,
             max_scale_up_rate: default_up_rate(),
             max_scale_down_rate: default_down_rate(),
+            prefill_tokens_per_second: 0,
+            ttft_target_milliseconds: default_ttft_target(),
             max_queue_wait_seconds: default_max_queue_wait(),
             max_backlog: default_max_backlog(),
         }

@@ -31,7 +31,15 @@ fn scaling_maps_every_field() {
             capacity_mode: P::SpotWithFallback,
             base_on_demand_replicas: 0,
             fallback_after: Duration::from_secs(60),
+            prefill_tokens_per_second: 4000.0,
+            ttft_target: Duration::from_secs(2),
+            ..ScalingSpec::default()
         }
+    );
+    assert_eq!(
+        (got.prefill_utilisation, got.prefill_tolerance_replicas),
+        (0.75, 1.2),
+        "the policy's defaults"
     );
 }
 

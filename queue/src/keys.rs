@@ -84,6 +84,12 @@ impl Keys {
         format!("{}idem:{}:{tenant}:{key}", self.prefix, tenant.len())
     }
 
+    /// Counter of the prompt tokens enqueued for one model (estimated, see
+    /// [`crate::Job::prompt_tokens_estimate`]).
+    pub fn prompt_tokens(&self, model: &str) -> String {
+        format!("{}prompt-tokens:{model}", self.prefix)
+    }
+
     /// Heartbeat hash of one model's workers.
     pub fn workers(&self, model: &str) -> String {
         format!("{}workers:{model}", self.prefix)

@@ -29,6 +29,34 @@ pub struct Job {
     pub resume: Option<Resume>,
 }
 
+/// Bytes of text per token in the broker's prompt estimate: the usual figure for English and
+/// code with BPE vocabularies of 32k-128k tokens.
+pub const BYTES_PER_TOKEN_ESTIMATE: u64 = 4;
+
+impl Job {
+    /// Prompt tokens this job will prefill, estimated from its text (the gateway does not
+    /// tokenize): the bytes of every string under `messages` and `prompt` over
+    /// [`BYTES_PER_TOKEN_ESTIMATE`], plus the tokens a resumed job re-prefills. The broker
+    /// adds it to the model's `arrived_prompt_tokens`, which needs only a rough figure.
+    pub fn prompt_tokens_estimate(&self) -> u64 {
+        fn text_bytes(v: &serde_json::Value) -> u64 {
+            match v {
+                serde_json::Value::String(s) => s.len() as u64,
+                serde_json::Value::Array(a) => a.iter().map(text_bytes).sum(),
+                serde_json::Value::Object(o) => o.values().map(text_bytes).sum(),
+                _ => 0,
+            }
+        }
+        let bytes: u64 = ["messages", "prompt"]
+            .iter()
+            .filter_map(|k| self.body.get(k))
+            .map(text_bytes)
+            .sum();
+        let resumed = self.resume.as_ref().map_or(0, |r| r.token_ids.len() as u64);
+        bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE) + resumed
+    }
+}
+
 /// What was already delivered to the client of a resumed job.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resume {
@@ -299,6 +327,11 @@ pub struct QueueDepth {
     pub in_flight: u64,
     /// How long the oldest unclaimed job has waited (`None` when the backlog is empty).
     pub oldest_wait_ms: Option<u64>,
+    /// Prompt tokens enqueued for the model so far, estimated at submit
+    /// ([`Job::prompt_tokens_estimate`]): a counter that only grows (the autoscaler's prefill
+    /// sizing uses its growth), reset only when the model is purged.
+    #[serde(default)]
+    pub arrived_prompt_tokens: u64,
 }
 
 /// Outcome of withdrawing a queued job.
@@ -374,6 +407,37 @@ mod tests {
 
     fn delta(seq: u64, text: &str, ids: &[u32]) -> ResponseEvent {
         ResponseEvent::delta(seq, text, ids.to_vec())
+    }
+
+    #[test]
+    fn prompt_estimate_reads_messages_prompt_and_resumed_tokens() {
+        let job = |body: serde_json::Value, resume: Option<Resume>| Job {
+            id: Uuid::nil(),
+            tenant: "t".into(),
+            model: "m".into(),
+            body,
+            enqueued_at_ms: 0,
+            deadline_ms: 0,
+            resume,
+        };
+        let chat = serde_json::json!({
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}
+            ],
+            "max_tokens": 99999,
+            "stop": ["a long stop string is not prompt text"]
+        });
+        // system 6 + 8, user 4 + text 4 + abcdefgh 8: 30 bytes, 8 tokens
+        assert_eq!(job(chat, None).prompt_tokens_estimate(), 8);
+        let batch = serde_json::json!({"prompt": ["abcd", "efgh"]});
+        assert_eq!(job(batch.clone(), None).prompt_tokens_estimate(), 2);
+        let resumed = Resume {
+            token_ids: vec![1, 2, 3],
+            ..Resume::default()
+        };
+        assert_eq!(job(batch, Some(resumed)).prompt_tokens_estimate(), 5);
+        assert_eq!(job(serde_json::json!({}), None).prompt_tokens_estimate(), 0);
     }
 
     #[test]

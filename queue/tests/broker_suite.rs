@@ -50,4 +50,5 @@ suite!(
     cancel_flags_in_one_call,
     request_records,
     idempotent_submits,
+    prompt_tokens_are_counted,
 );

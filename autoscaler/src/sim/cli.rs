@@ -110,6 +110,10 @@ pub struct SimArgs {
     /// Our policy: spot pending time before on-demand fallback, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub fallback_after_s: f64,
+    /// Our policy: size on request counts alone, without the prefill sizing that the
+    /// profile's prefill rate and TTFT target otherwise give both `ours` rows.
+    #[arg(long)]
+    pub no_prefill_sizing: bool,
     /// Our policy: capacity mode (spot, on-demand, spot-with-fallback).
     #[arg(long, default_value = "spot-with-fallback")]
     pub capacity_mode: String,
@@ -212,6 +216,12 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         stable_window: secs(args.stable_window_s, "--stable-window-s")?,
         panic_window: secs(args.stable_window_s / 10.0, "--stable-window-s")?,
         capacity_mode,
+        prefill_tokens_per_second: if args.no_prefill_sizing {
+            0.0
+        } else {
+            profile.prefill_tokens_per_s
+        },
+        ttft_target: secs(profile.ttft_slo_s, "ttftSloS")?,
         ..ScalingSpec::default()
     };
     spec.validate()?;
@@ -221,6 +231,8 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         target_in_flight_per_replica: spec.target_in_flight_per_replica,
         fallback_after: spec.fallback_after,
         capacity_mode: spec.capacity_mode,
+        prefill_tokens_per_second: spec.prefill_tokens_per_second,
+        ttft_target: spec.ttft_target,
         ..ScalingSpec::for_cold_start(cold)
     };
     scaled.validate()?;

@@ -102,8 +102,9 @@ struct Sim<'a> {
 }
 
 impl Sim<'_> {
-    fn observe(&self, last_request: Option<u64>) -> Observed {
+    fn observe(&self, last_request: Option<u64>, arrived_prompt_tokens: u64) -> Observed {
         let mut obs = Observed {
+            arrived_prompt_tokens,
             backlog: self.queue.len() as u64,
             last_request_at: last_request.map(Duration::from_millis),
             ..Observed::default()
@@ -352,17 +353,19 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
     let (mut t, mut next, mut next_tick, mut next_sample) = (0u64, 0usize, 0u64, 0u64);
     let mut last_request = None;
     let mut arrivals = 0u64;
+    let mut arrived_prompt_tokens = 0u64;
     loop {
         while next < n && reqs[next].arrival_ms <= t {
             let r = &reqs[next];
             sim.queue
                 .push_back(Job::new(next, r.prompt_tokens, r.generated_tokens));
             last_request = Some(r.arrival_ms);
+            arrived_prompt_tokens += u64::from(r.prompt_tokens);
             next += 1;
             arrivals += 1;
         }
         if t >= next_tick {
-            let obs = sim.observe(last_request);
+            let obs = sim.observe(last_request, arrived_prompt_tokens);
             let want = scaler.desired(&obs, Duration::from_millis(t));
             sim.reconcile(want, t);
             next_tick += interval;

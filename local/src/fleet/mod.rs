@@ -221,6 +221,7 @@ impl Fleet {
                 interrupted: 0,
             },
             last_request_at: slot.last_request_at,
+            arrived_prompt_tokens: depth.arrived_prompt_tokens,
         };
         let decision = decide(&observed, &slot.model.spec, &mut slot.policy, now);
         let desired = decision.on_demand.saturating_add(decision.spot);

@@ -54,6 +54,8 @@ struct State {
     workers: HashMap<String, BTreeMap<String, WorkerHeartbeat>>,
     models: BTreeMap<String, ModelRecord>,
     enqueues: u64,
+    /// Prompt tokens enqueued per model (estimated).
+    prompt_tokens: HashMap<String, u64>,
 }
 
 impl State {
@@ -96,6 +98,7 @@ impl State {
 
     fn add_job(&mut self, job: &Job, now: u64) -> StreamId {
         self.enqueues += 1;
+        *self.prompt_tokens.entry(job.model.clone()).or_default() += job.prompt_tokens_estimate();
         if self.enqueues.is_multiple_of(SWEEP_EVERY) {
             self.sweep(now);
         }
@@ -368,7 +371,10 @@ impl Broker for MemoryBroker {
     async fn depth(&self, model: &str) -> Result<QueueDepth> {
         let now = self.now();
         let st = self.lock();
-        let mut total = QueueDepth::default();
+        let mut total = QueueDepth {
+            arrived_prompt_tokens: st.prompt_tokens.get(model).copied().unwrap_or(0),
+            ..QueueDepth::default()
+        };
         for resumed in [false, true] {
             if let Some(s) = st.jobs.get(&(model.to_owned(), resumed)) {
                 let (backlog, oldest) = s.backlog();
@@ -386,6 +392,7 @@ impl Broker for MemoryBroker {
         st.jobs.remove(&(model.to_owned(), false));
         st.jobs.remove(&(model.to_owned(), true));
         st.workers.remove(model);
+        st.prompt_tokens.remove(model);
         Ok(())
     }
 

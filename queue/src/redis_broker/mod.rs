@@ -283,13 +283,21 @@ impl RedisBroker {
 #[async_trait]
 impl Broker for RedisBroker {
     async fn enqueue(&self, job: &Job) -> Result<EntryId> {
-        let mut cmd = redis::cmd("XADD");
-        cmd.arg(self.keys.job_stream(&job.model, job.resume.is_some()))
+        let mut add = redis::cmd("XADD");
+        add.arg(self.keys.job_stream(&job.model, job.resume.is_some()))
             .arg("*");
         for (k, v) in job_fields(job)? {
-            cmd.arg(k).arg(v);
+            add.arg(k).arg(v);
         }
-        let id: String = self.query(&cmd).await?;
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .add_command(add)
+            .cmd("INCRBY")
+            .arg(self.keys.prompt_tokens(&job.model))
+            .arg(job.prompt_tokens_estimate())
+            .ignore();
+        let mut c = self.conn.clone();
+        let (id,): (String,) = pipe.query_async(&mut c).await?;
         count(m::ENQUEUED, &job.model, 1);
         Ok(id)
     }
@@ -487,6 +495,9 @@ impl Broker for RedisBroker {
             total.in_flight += in_flight.max(0) as u64;
             total.oldest_wait_ms = total.oldest_wait_ms.max(u64::try_from(wait).ok());
         }
+        let mut get = redis::cmd("GET");
+        get.arg(self.keys.prompt_tokens(model));
+        total.arrived_prompt_tokens = self.query::<Option<u64>>(&get).await?.unwrap_or(0);
         Ok(total)
     }
 
@@ -494,7 +505,8 @@ impl Broker for RedisBroker {
         let mut cmd = redis::cmd("DEL");
         cmd.arg(self.keys.jobs(model))
             .arg(self.keys.resumed(model))
-            .arg(self.keys.workers(model));
+            .arg(self.keys.workers(model))
+            .arg(self.keys.prompt_tokens(model));
         self.query::<i64>(&cmd).await?;
         Ok(())
     }
@@ -572,10 +584,12 @@ impl Broker for RedisBroker {
             self.keys
                 .idempotency(&job.tenant, idempotency_key.unwrap_or("")),
         );
+        inv.key(self.keys.prompt_tokens(&job.model));
         inv.arg(serde_json::to_string(&blank)?)
             .arg(ms(self.config.request_ttl).max(1))
             .arg(u8::from(idempotency_key.is_some()))
-            .arg(record.id.to_string());
+            .arg(record.id.to_string())
+            .arg(job.prompt_tokens_estimate());
         for (k, v) in job_fields(job)? {
             inv.arg(k).arg(v);
         }

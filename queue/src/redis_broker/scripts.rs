@@ -65,9 +65,9 @@ redis.call('XDEL', KEYS[1], ARGV[1])
 return id
 "#;
 
-/// Submit a new request. KEYS: jobs stream, request record, idempotency key.
-/// ARGV: record JSON (with `"entry_id":""`), ttl_ms, use the idempotency key (0/1), request
-/// id, field, value, ... Returns `{1, entry}` when enqueued; `{0, first id}` when the key
+/// Submit a new request. KEYS: jobs stream, request record, idempotency key, the model's
+/// prompt-token counter. ARGV: record JSON (with `"entry_id":""`), ttl_ms, use the
+/// idempotency key (0/1), request id, prompt tokens (estimate), field, value, ... Returns `{1, entry}` when enqueued; `{0, first id}` when the key
 /// was used before (nothing enqueued); `{2, ''}` when the request id is already recorded.
 /// The record is spliced as text: a JSON string holds no unescaped quote, so the first
 /// `"entry_id":""` is the field itself.
@@ -77,7 +77,8 @@ if ARGV[3] == '1' then
   if first then return {0, first} end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2, ''} end
-local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5))
+local entry = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 6))
+redis.call('INCRBY', KEYS[4], ARGV[5])
 local slot = '"entry_id":""'
 local at = string.find(ARGV[1], slot, 1, true)
 if not at then return redis.error_reply('record without an empty entry_id') end

@@ -714,7 +714,8 @@ pub async fn resumed_jobs_go_first(h: &dyn Harness) {
     assert_eq!(last.len(), 1);
     assert_eq!(last[0].job.id, jobs[2].id);
     b.ack(&last[0]).await.unwrap();
-    assert_eq!(b.depth(&m).await.unwrap(), Default::default());
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.in_flight, d.oldest_wait_ms), (0, 0, None));
 }
 
 /// A holder's keep-alive restarts its jobs' idle time, so a long generation is not taken
@@ -955,4 +956,35 @@ pub async fn idempotent_submits(h: &dyn Harness) {
     let late = job(h, &m);
     h.advance(REQUEST_TTL + Duration::from_millis(100)).await;
     enqueued(b.submit(&late, &keyed(h, &late, "k2")).await.unwrap());
+}
+
+/// Every job enqueued or submitted adds its prompt-token estimate to the model's counter (the
+/// autoscaler's prefill sizing); a duplicate submit and a requeue add nothing.
+pub async fn prompt_tokens_are_counted(h: &dyn Harness) {
+    let b = h.broker();
+    let (m, other) = (model(), model());
+    assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 0);
+    let plain = job(h, &m); // "hello": 5 bytes, 2 tokens
+    b.enqueue(&plain).await.unwrap();
+    let long = Job {
+        body: serde_json::json!({"messages": [{"role": "user", "content": "x".repeat(396)}]}),
+        ..job(h, &m)
+    };
+    // 4 bytes of role + 396 of content: 100 tokens
+    enqueued(b.submit(&long, &keyed(h, &long, "p1")).await.unwrap());
+    let retry = Job {
+        body: long.body.clone(),
+        ..job(h, &m)
+    };
+    assert!(matches!(
+        b.submit(&retry, &keyed(h, &retry, "p1")).await.unwrap(),
+        Submitted::Duplicate { .. }
+    ));
+    b.enqueue(&job(h, &other)).await.unwrap();
+    assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 102);
+    let claimed = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    b.requeue(&claimed, Resume::default()).await.unwrap();
+    let d = b.depth(&m).await.unwrap();
+    assert_eq!((d.backlog, d.arrived_prompt_tokens), (2, 102));
+    assert_eq!(b.depth(&other).await.unwrap().arrived_prompt_tokens, 2);
 }

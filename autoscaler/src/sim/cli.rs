@@ -114,6 +114,12 @@ pub struct SimArgs {
     /// profile's prefill rate and TTFT target otherwise give both `ours` rows.
     #[arg(long)]
     pub no_prefill_sizing: bool,
+    /// Our policy: `prefillUtilisation` (both `ours` rows).
+    #[arg(long, default_value_t = ScalingSpec::default().prefill_utilisation)]
+    pub prefill_utilisation: f64,
+    /// Our policy: `prefillToleranceReplicas` (both `ours` rows).
+    #[arg(long, default_value_t = ScalingSpec::default().prefill_tolerance_replicas)]
+    pub prefill_tolerance: f64,
     /// Our policy: capacity mode (spot, on-demand, spot-with-fallback).
     #[arg(long, default_value = "spot-with-fallback")]
     pub capacity_mode: String,
@@ -222,6 +228,8 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
             profile.prefill_tokens_per_s
         },
         ttft_target: secs(profile.ttft_slo_s, "ttftSloS")?,
+        prefill_utilisation: args.prefill_utilisation,
+        prefill_tolerance_replicas: args.prefill_tolerance,
         ..ScalingSpec::default()
     };
     spec.validate()?;
@@ -233,6 +241,8 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         capacity_mode: spec.capacity_mode,
         prefill_tokens_per_second: spec.prefill_tokens_per_second,
         ttft_target: spec.ttft_target,
+        prefill_utilisation: spec.prefill_utilisation,
+        prefill_tolerance_replicas: spec.prefill_tolerance_replicas,
         ..ScalingSpec::for_cold_start(cold)
     };
     scaled.validate()?;

@@ -121,3 +121,22 @@ fn a_zero_claim_prefill_budget_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_negative_prefill_rate_is_refused_before_anything_starts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args([
+            "up",
+            "--model",
+            "unused.gguf",
+            "--prefill-tokens-per-second=-5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("scaling settings") && stderr.contains("prefillTokensPerSecond"),
+        "{stderr}"
+    );
+}

@@ -66,6 +66,13 @@ pub struct UpArgs {
     /// Queued plus running requests one worker is sized for.
     #[arg(long, default_value_t = 32.0)]
     pub target_in_flight: f64,
+    /// One worker's prefill rate in prompt tokens/s (`tidal bench profile` measures it): with
+    /// several workers, also size for the prompt tokens of each `--ttft-target` (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub prefill_tokens_per_second: f64,
+    /// The time to first token that `--prefill-tokens-per-second` sizes for.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub ttft_target: Duration,
     /// Longest a request waits for a worker, cold start included, before a 503.
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub max_queue_wait: Duration,
@@ -107,6 +114,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         max_replicas: args.max_workers,
         target_in_flight_per_replica: args.target_in_flight,
         scale_to_zero_after: args.scale_to_zero_after,
+        prefill_tokens_per_second: args.prefill_tokens_per_second,
+        ttft_target: args.ttft_target,
         ..ScalingSpec::default()
     };
     scaling.validate().context("scaling settings")?;

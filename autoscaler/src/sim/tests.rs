@@ -256,12 +256,45 @@ fn synthetic_cfg(seed: u64, interruptions: f64) -> SimConfig {
                 "ours-coldstart".into(),
                 ScalingSpec {
                     target_in_flight_per_replica: 16.0,
+                    // prefill sizing on, so the engine's prompt-token counter is exercised
+                    prefill_tokens_per_second: 10_000.0,
+                    ttft_target: Duration::from_secs(2),
                     ..ScalingSpec::for_cold_start(Duration::from_secs(30))
                 },
             ),
         ],
         tick: Duration::from_secs(1),
     }
+}
+
+#[test]
+fn the_engine_feeds_arrived_prompt_tokens_to_the_policy() {
+    // four 4,000-token prompts at t = 1 s on the tiny profile (1,000 tokens/s, 2 s target):
+    // 16,000 / (1,000 x 2 x 0.75) - 1.2 = 9.47, so 10 replicas where the count asks for 4
+    // (at t = 0 the policy's first reading only sets the counter's base)
+    let reqs: Vec<Request> = (0..4)
+        .map(|_| Request {
+            arrival_ms: 1_000,
+            prompt_tokens: 4_000,
+            generated_tokens: 2,
+        })
+        .collect();
+    let f = fleet(tiny_profile());
+    let starts = |spec: ScalingSpec| {
+        run_policy(
+            &reqs,
+            &f,
+            &mut Ours::new("ours", spec, Duration::from_secs(1)),
+        )
+        .cold_starts
+    };
+    assert_eq!(starts(spec()), 4);
+    let sized = ScalingSpec {
+        prefill_tokens_per_second: 1_000.0,
+        ttft_target: Duration::from_secs(2),
+        ..spec()
+    };
+    assert_eq!(starts(sized), 10);
 }
 
 #[test]

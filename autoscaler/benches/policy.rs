@@ -9,33 +9,42 @@ use tidal_autoscaler::sim::{self, scalers::Ours, FleetConfig, ServiceProfile};
 use tidal_autoscaler::{decide, CapacityObserved, Observed, PolicyState, ScalingSpec};
 
 fn decide_tick(c: &mut Criterion) {
-    let spec = ScalingSpec::default();
-    let mut state = PolicyState::new(&spec);
-    let mut t = 0u64;
-    c.bench_function("decide (one tick, 60 s window warm)", |b| {
-        b.iter(|| {
-            t += 1000;
-            let obs = Observed {
-                backlog: t % 37,
-                in_flight: t % 23,
-                spot: CapacityObserved {
-                    ready: 3,
-                    starting: 1,
-                    pending_since: vec![Duration::from_millis(t.saturating_sub(40_000))],
-                    interrupted: 0,
-                },
-                on_demand: CapacityObserved::default(),
-                last_request_at: Some(Duration::from_millis(t)),
-                arrived_prompt_tokens: t * 100,
-            };
-            black_box(decide(
-                black_box(&obs),
-                &spec,
-                &mut state,
-                Duration::from_millis(t),
-            ))
-        })
-    });
+    let plain = ScalingSpec::default();
+    let sized = ScalingSpec {
+        prefill_tokens_per_second: 10_000.0,
+        ..ScalingSpec::default()
+    };
+    for (name, spec) in [
+        ("decide (one tick, 60 s window warm)", plain),
+        ("decide (one tick, 60 s window warm, prefill sizing)", sized),
+    ] {
+        let mut state = PolicyState::new(&spec);
+        let mut t = 0u64;
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                t += 1000;
+                let obs = Observed {
+                    backlog: t % 37,
+                    in_flight: t % 23,
+                    spot: CapacityObserved {
+                        ready: 3,
+                        starting: 1,
+                        pending_since: vec![Duration::from_millis(t.saturating_sub(40_000))],
+                        interrupted: 0,
+                    },
+                    on_demand: CapacityObserved::default(),
+                    last_request_at: Some(Duration::from_millis(t)),
+                    arrived_prompt_tokens: t * 10,
+                };
+                black_box(decide(
+                    black_box(&obs),
+                    &spec,
+                    &mut state,
+                    Duration::from_millis(t),
+                ))
+            })
+        });
+    }
 }
 
 fn replay_hour(c: &mut Criterion) {
@@ -58,9 +67,11 @@ fn replay_hour(c: &mut Criterion) {
         max_overrun_ms: 7_200_000,
         claim_prefill_budget_s: None,
     };
+    // as `tidal sim` runs its `ours` row: prefill sizing from the profile
     let spec = ScalingSpec {
         target_in_flight_per_replica: profile.target_in_flight,
         max_replicas: 200,
+        prefill_tokens_per_second: profile.prefill_tokens_per_s,
         ..ScalingSpec::default()
     };
     let mut group = c.benchmark_group("replay");

@@ -58,8 +58,11 @@ async fn interrupt_and_resume(h: Harness, crash: bool) {
         b.enqueue(j).await.unwrap();
     }
     let status = first.status.clone();
+    // every job claimed by w1 (on a busy machine it can deliver 8 tokens a job on average
+    // before it has claimed the last one) and some tokens delivered
     wait_until("w1 delivering", LONG, || {
-        status.summary().tokens_delivered >= (JOBS * 8) as u64
+        let s = status.summary();
+        s.claimed >= JOBS as u64 && s.tokens_delivered >= (JOBS * 8) as u64
     })
     .await;
     let stopped = if crash {

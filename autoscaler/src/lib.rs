@@ -19,4 +19,4 @@ pub use capacity::Split;
 pub use observed::{CapacityObserved, Observed};
 pub use policy::{decide, Decision, PolicyState, Reason};
 pub use signals::{condition_signal, taint_signal, InterruptionSource};
-pub use spec::{CapacityMode, ScalingSpec, SpecError, StableAggregate};
+pub use spec::{CapacityMode, ScaleDownHold, ScalingSpec, SpecError, StableAggregate};

@@ -14,7 +14,7 @@
 use crate::capacity::{split, Split};
 use crate::observed::Observed;
 use crate::prefill::{prefill_replicas, ArrivalWindow};
-use crate::spec::{ScalingSpec, StableAggregate};
+use crate::spec::{ScaleDownHold, ScalingSpec, StableAggregate};
 use crate::window::Window;
 use std::collections::VecDeque;
 use std::fmt;
@@ -117,6 +117,16 @@ fn replicas_for(demand: f64, target: f64) -> u32 {
     ((demand / target) - 1e-9).ceil().max(0.0) as u32
 }
 
+/// The highest level `k` of a target set `age` ago that [`ScaleDownHold::PerLevel`] still
+/// holds: `k <= delay / age`.
+fn levels_held(delay: Duration, age: Duration) -> u32 {
+    if age.is_zero() {
+        return u32::MAX;
+    }
+    // saturating float-to-int cast
+    (delay.as_secs_f64() / age.as_secs_f64()).floor() as u32
+}
+
 /// Decides desired replicas per capacity type at `now` (any monotonic clock, same as in
 /// `metrics`). The spec should have passed [`ScalingSpec::validate`]; out-of-range values are
 /// clamped rather than trusted.
@@ -191,14 +201,22 @@ pub fn decide(
             state.recent.pop_front();
         }
         // keep the deque monotonically decreasing: older, lower targets can never win again
+        // (per level neither: the newer target is younger, so it holds each level longer)
         while state.recent.back().is_some_and(|(_, w)| *w <= want) {
             state.recent.pop_back();
         }
         state.recent.push_back((now, want));
-        if let Some((_, held)) = state.recent.front() {
-            if *held > want {
-                (want, reason) = (*held, Reason::ScaleDownDelay);
-            }
+        let held = match spec.scale_down_hold {
+            ScaleDownHold::Flat => state.recent.front().map_or(0, |(_, w)| *w),
+            ScaleDownHold::PerLevel => state
+                .recent
+                .iter()
+                .map(|(t, w)| (*w).min(levels_held(spec.scale_down_delay, now - *t)))
+                .max()
+                .unwrap_or(0),
+        };
+        if held > want {
+            (want, reason) = (held, Reason::ScaleDownDelay);
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::observed::CapacityObserved;
-use crate::spec::{CapacityMode, StableAggregate};
+use crate::spec::{CapacityMode, ScaleDownHold, StableAggregate};
 
 fn s(x: u64) -> Duration {
     Duration::from_secs(x)
@@ -666,4 +666,58 @@ fn prefill_sizing_counts_prompt_tokens_not_requests() {
         assert!((d.prefill_demand - expected).abs() < 1e-9, "t = {t}");
     }
     assert_eq!(decide(&running(), &sized, &mut st, s(62)).serving, 1);
+}
+
+/// Flat holds a burst's 6 replicas for the whole 60 s delay; per level, replica k of it is held
+/// for 60 s / k: 6 until 10 s, 5 until 12 s, 4 until 15 s, 3 until 20 s, 2 until 30 s, 1 after.
+#[test]
+fn per_level_hold_releases_a_bursts_top_replicas_first() {
+    let hold = |how: ScaleDownHold| {
+        let sp = ScalingSpec {
+            target_in_flight_per_replica: 1.0,
+            stable_window: s(1),
+            panic_window: s(1),
+            max_scale_down_rate: 1000.0,
+            scale_down_delay: s(60),
+            scale_down_hold: how,
+            ..spec()
+        };
+        let mut st = PolicyState::new(&sp);
+        let mut ready = 0;
+        (0..=61)
+            .map(|t| {
+                let obs = Observed {
+                    in_flight: if t == 0 { 6 } else { 1 },
+                    spot: CapacityObserved {
+                        ready,
+                        ..CapacityObserved::default()
+                    },
+                    last_request_at: Some(s(t)),
+                    ..Observed::default()
+                };
+                let d = decide(&obs, &sp, &mut st, s(t));
+                ready = d.serving;
+                d.serving
+            })
+            .collect::<Vec<u32>>()
+    };
+    let per_level = hold(ScaleDownHold::PerLevel);
+    for (age, want) in [
+        (1, 6),
+        (10, 6),
+        (11, 5),
+        (12, 5),
+        (13, 4),
+        (15, 4),
+        (16, 3),
+        (20, 3),
+        (21, 2),
+        (30, 2),
+        (31, 1),
+        (61, 1),
+    ] {
+        assert_eq!(per_level[age], want, "per level, age {age} s");
+    }
+    let flat = hold(ScaleDownHold::Flat);
+    assert_eq!((flat[59], flat[60], flat[61]), (6, 1, 1));
 }

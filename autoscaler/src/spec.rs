@@ -31,6 +31,18 @@ pub enum StableAggregate {
     Max,
 }
 
+/// How the scale-down delay holds the targets of its trailing period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ScaleDownHold {
+    /// The highest target of the trailing `scaleDownDelay` (Knative's `scale-down-delay`).
+    #[default]
+    Flat,
+    /// Replica level `k` of a past target is held for `scaleDownDelay / k`: the first replica
+    /// for the whole delay, the extra replicas of a large burst for a fraction of it. Measured
+    /// in `tidal sim`, not the default (docs/autoscaling.md, "Prefill sizing").
+    PerLevel,
+}
+
 /// Autoscaling parameters of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -59,6 +71,8 @@ pub struct ScalingSpec {
     /// are still cold-starting. Zero disables it.
     #[serde(with = "secs")]
     pub scale_down_delay: Duration,
+    /// How the scale-down delay holds past targets.
+    pub scale_down_hold: ScaleDownHold,
     /// At most this multiple of the ready replicas per decision (scale up).
     pub max_scale_up_rate: f64,
     /// At least ready replicas divided by this per decision (scale down).
@@ -99,6 +113,7 @@ impl Default for ScalingSpec {
             panic_window: Duration::from_secs(6),
             panic_threshold: 2.0,
             scale_down_delay: Duration::ZERO,
+            scale_down_hold: ScaleDownHold::Flat,
             max_scale_up_rate: 1000.0,
             max_scale_down_rate: 2.0,
             capacity_mode: CapacityMode::SpotWithFallback,
@@ -297,6 +312,9 @@ mod tests {
         assert_eq!(sized.prefill_tokens_per_second, 10_000.0);
         assert_eq!(sized.ttft_target, Duration::from_secs(2));
         assert_eq!(sized.prefill_utilisation, 0.75);
+        assert_eq!(spec.scale_down_hold, ScaleDownHold::Flat);
+        let held: ScalingSpec = serde_json::from_str(r#"{"scaleDownHold": "PerLevel"}"#).unwrap();
+        assert_eq!(held.scale_down_hold, ScaleDownHold::PerLevel);
     }
 
     #[test]

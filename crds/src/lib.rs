@@ -12,7 +12,7 @@ pub mod status;
 pub use mapping::{InvalidSpec, Source};
 pub use spec::{
     Capacity, CapacityMode, CapacityPool, Model, ModelSource, ModelSpec, Pricing, Quantisation,
-    Resources, RuntimeSettings, Scaling, SecretKeyRef, StableAggregate,
+    Resources, RuntimeSettings, ScaleDownHold, Scaling, SecretKeyRef, StableAggregate,
 };
 pub use status::{CapacityStatus, ModelStatus, Phase};
 

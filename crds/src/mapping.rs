@@ -5,9 +5,12 @@
 use std::time::Duration;
 
 use thiserror::Error;
-use tidal_autoscaler::{CapacityMode as PolicyMode, ScalingSpec, SpecError, StableAggregate};
+use tidal_autoscaler::{
+    CapacityMode as PolicyMode, ScaleDownHold as PolicyHold, ScalingSpec, SpecError,
+    StableAggregate,
+};
 
-use crate::spec::{CapacityMode, ModelSpec, StableAggregate as SpecAggregate};
+use crate::spec::{CapacityMode, ModelSpec, ScaleDownHold, StableAggregate as SpecAggregate};
 
 /// Why a spec cannot be acted on.
 #[derive(Debug, Error, PartialEq)]
@@ -120,6 +123,10 @@ impl ModelSpec {
             panic_window: secs(s.panic_window_seconds),
             panic_threshold: f64::from(s.panic_threshold_percent) / 100.0,
             scale_down_delay: secs(s.scale_down_delay_seconds),
+            scale_down_hold: match s.scale_down_hold {
+                ScaleDownHold::Flat => PolicyHold::Flat,
+                ScaleDownHold::PerLevel => PolicyHold::PerLevel,
+            },
             max_scale_up_rate: s.max_scale_up_rate,
             max_scale_down_rate: s.max_scale_down_rate,
             capacity_mode: match c.mode {

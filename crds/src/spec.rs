@@ -228,6 +228,16 @@ pub struct Resources {
     pub memory: Option<String>,
 }
 
+/// How the scale-down delay holds the targets of its trailing period.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ScaleDownHold {
+    /// The highest target of the trailing delay (Knative's `scale-down-delay`).
+    #[default]
+    Flat,
+    /// Replica level k of a past target is held for `scaleDownDelaySeconds / k`.
+    PerLevel,
+}
+
 /// How summarising demand over the stable window works.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum StableAggregate {
@@ -279,6 +289,9 @@ pub struct Scaling {
     #[serde(default)]
     #[schemars(range(max = 3600))]
     pub scale_down_delay_seconds: u32,
+    /// How the scale-down delay holds past targets.
+    #[serde(default)]
+    pub scale_down_hold: ScaleDownHold,
     /// At most this multiple of the ready replicas per decision when scaling up.
     #[serde(default = "default_up_rate")]
     #[schemars(range(min = 1.0, max = 1000.0))]
@@ -354,6 +367,7 @@ impl Default for Scaling {
             panic_window_seconds: default_panic_window(),
             panic_threshold_percent: default_panic_threshold(),
             scale_down_delay_seconds: 0,
+            scale_down_hold: ScaleDownHold::Flat,
             max_scale_up_rate: default_up_rate(),
             max_scale_down_rate: default_down_rate(),
             prefill_tokens_per_second: 0,

@@ -2,8 +2,12 @@
 
 use std::time::Duration;
 
-use tidal_autoscaler::{CapacityMode as P, ScalingSpec, SpecError, StableAggregate as A};
-use tidal_crds::{CapacityMode, InvalidSpec, Model, ModelSpec, Source, StableAggregate};
+use tidal_autoscaler::{
+    CapacityMode as P, ScaleDownHold as H, ScalingSpec, SpecError, StableAggregate as A,
+};
+use tidal_crds::{
+    CapacityMode, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source, StableAggregate,
+};
 
 fn spec() -> ModelSpec {
     let m: Model =
@@ -64,6 +68,13 @@ fn modes_and_aggregates_map() {
     }
     s.scaling.stable_aggregate = StableAggregate::Mean;
     assert_eq!(s.scaling_spec().unwrap().stable_aggregate, A::Mean);
+    for (hold, want) in [
+        (ScaleDownHold::Flat, H::Flat),
+        (ScaleDownHold::PerLevel, H::PerLevel),
+    ] {
+        s.scaling.scale_down_hold = hold;
+        assert_eq!(s.scaling_spec().unwrap().scale_down_hold, want);
+    }
 }
 
 #[test]

@@ -4,7 +4,7 @@ use super::engine::FleetConfig;
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
 use super::{simulate, spot_outages, svg, SimConfig, SimReport};
-use crate::spec::{CapacityMode, ScalingSpec, StableAggregate};
+use crate::spec::{CapacityMode, ScaleDownHold, ScalingSpec, StableAggregate};
 use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
@@ -101,6 +101,9 @@ pub struct SimArgs {
     /// Our policy: stable window, seconds (the panic window is a tenth of it).
     #[arg(long, default_value_t = 60.0)]
     pub stable_window_s: f64,
+    /// Our policy: how the scale-down delay holds past targets (flat, per-level).
+    #[arg(long, default_value = "flat")]
+    pub scale_down_hold: String,
     /// Our policy: size stable mode on the window's peak instead of its mean.
     #[arg(long)]
     pub stable_max: bool,
@@ -219,6 +222,11 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
             StableAggregate::Mean
         },
         scale_down_delay: secs(args.scale_down_delay_s, "--scale-down-delay-s")?,
+        scale_down_hold: match args.scale_down_hold.as_str() {
+            "flat" => ScaleDownHold::Flat,
+            "per-level" => ScaleDownHold::PerLevel,
+            other => anyhow::bail!("unknown scale-down hold {other:?}"),
+        },
         stable_window: secs(args.stable_window_s, "--stable-window-s")?,
         panic_window: secs(args.stable_window_s / 10.0, "--stable-window-s")?,
         capacity_mode,

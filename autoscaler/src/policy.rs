@@ -137,10 +137,15 @@ pub fn decide(
     now: Duration,
 ) -> Decision {
     let target = spec.target_in_flight_per_replica.max(f64::MIN_POSITIVE);
-    let prompt_tokens = state
-        .arrivals
-        .record(now, metrics.arrived_prompt_tokens, spec.ttft_target);
-    let prefill_demand = prefill_replicas(prompt_tokens, spec);
+    // the arrival window is kept only while prefill sizing is on
+    let prefill_demand = if spec.prefill_tokens_per_second > 0.0 {
+        let tokens = state
+            .arrivals
+            .record(now, metrics.arrived_prompt_tokens, spec.ttft_target);
+        prefill_replicas(tokens, spec)
+    } else {
+        0.0
+    };
     // Prefill demand in request-count units, so both go through the same windows.
     let demand = (metrics.demand() as f64).max(prefill_demand * target);
     state.window.record(now, demand);

@@ -182,15 +182,22 @@ impl ScalingSpec {
     /// of the stable window, scale to zero after `10c` (at least 120 s), at most doubling
     /// per decision.
     pub fn for_cold_start(c: Duration) -> Self {
+        Self::default().with_cold_start(c)
+    }
+
+    /// This spec with the windows, delays and rates of [`Self::for_cold_start`] (and its
+    /// `Flat` hold); every other field (bounds, target, capacity, prefill sizing) is kept.
+    pub fn with_cold_start(self, c: Duration) -> Self {
         let stable = (c * 5).max(Duration::from_secs(60));
         Self {
             stable_window: stable,
             panic_window: stable / 10,
             stable_aggregate: StableAggregate::Max,
             scale_down_delay: c * 5,
+            scale_down_hold: ScaleDownHold::Flat,
             scale_to_zero_after: (c * 10).max(Duration::from_secs(120)),
             max_scale_up_rate: 2.0,
-            ..Self::default()
+            ..self
         }
     }
 
@@ -224,18 +231,13 @@ impl ScalingSpec {
         if self.panic_window.is_zero() || self.panic_window > self.stable_window {
             return Err(SpecError::PanicWindow);
         }
-        if !(self.prefill_tokens_per_second.is_finite() && self.prefill_tokens_per_second >= 0.0) {
-            return Err(SpecError::Negative {
-                field: "prefillTokensPerSecond",
-                value: self.prefill_tokens_per_second,
-            });
-        }
-        if !(self.prefill_tolerance_replicas.is_finite() && self.prefill_tolerance_replicas >= 0.0)
-        {
-            return Err(SpecError::Negative {
-                field: "prefillToleranceReplicas",
-                value: self.prefill_tolerance_replicas,
-            });
+        for (field, value) in [
+            ("prefillTokensPerSecond", self.prefill_tokens_per_second),
+            ("prefillToleranceReplicas", self.prefill_tolerance_replicas),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(SpecError::Negative { field, value });
+            }
         }
         if !(self.prefill_utilisation > 0.0 && self.prefill_utilisation <= 1.0) {
             return Err(SpecError::Utilisation(self.prefill_utilisation));
@@ -297,6 +299,23 @@ mod tests {
         assert_eq!(slow.stable_aggregate, StableAggregate::Max);
         assert_eq!(slow.max_scale_up_rate, 2.0);
         slow.validate().unwrap();
+        // onto another spec: the preset's windows and hold, that spec's bounds and sizing
+        let mine = ScalingSpec {
+            max_replicas: 7,
+            prefill_tokens_per_second: 5_000.0,
+            scale_down_hold: ScaleDownHold::PerLevel,
+            stable_window: Duration::from_secs(9),
+            ..ScalingSpec::default()
+        }
+        .with_cold_start(Duration::from_secs(60));
+        assert_eq!(
+            mine,
+            ScalingSpec {
+                max_replicas: 7,
+                prefill_tokens_per_second: 5_000.0,
+                ..slow
+            }
+        );
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub struct Job {
     pub resume: Option<Resume>,
 }
 
-/// Bytes of text per token in the broker's prompt estimate: the usual figure for English and
-/// code with BPE vocabularies of 32k-128k tokens.
+/// Bytes of text per token in the broker's prompt estimate, the usual rule of thumb for
+/// English. Smaller vocabularies run lower: SmolLM2's gives 2.8-3.9 (docs/autoscaling.md).
 pub const BYTES_PER_TOKEN_ESTIMATE: u64 = 4;
 
 impl Job {
@@ -327,8 +327,8 @@ pub struct QueueDepth {
     pub in_flight: u64,
     /// How long the oldest unclaimed job has waited (`None` when the backlog is empty).
     pub oldest_wait_ms: Option<u64>,
-    /// Prompt tokens enqueued for the model so far, estimated at submit
-    /// ([`Job::prompt_tokens_estimate`]): a counter that only grows (the autoscaler's prefill
+    /// Prompt tokens enqueued for the model so far (`enqueue` and `submit`), estimated by
+    /// [`Job::prompt_tokens_estimate`]: a counter that only grows (the autoscaler's prefill
     /// sizing uses its growth), reset only when the model is purged.
     #[serde(default)]
     pub arrived_prompt_tokens: u64,

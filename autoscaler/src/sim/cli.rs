@@ -242,17 +242,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
     };
     spec.validate()?;
     let cold = secs(profile.cold_start_s, "coldStartS")?;
-    let scaled = ScalingSpec {
-        max_replicas: spec.max_replicas,
-        target_in_flight_per_replica: spec.target_in_flight_per_replica,
-        fallback_after: spec.fallback_after,
-        capacity_mode: spec.capacity_mode,
-        prefill_tokens_per_second: spec.prefill_tokens_per_second,
-        ttft_target: spec.ttft_target,
-        prefill_utilisation: spec.prefill_utilisation,
-        prefill_tolerance_replicas: spec.prefill_tolerance_replicas,
-        ..ScalingSpec::for_cold_start(cold)
-    };
+    let scaled = spec.clone().with_cold_start(cold);
     scaled.validate()?;
     let ours = vec![
         ("ours".to_string(), spec),

@@ -77,8 +77,11 @@ fn a_measured_profile_drives_the_simulator() {
     let requests = report["requests"].as_u64().unwrap();
     assert!(requests > 0);
     let policies = report["policies"].as_array().unwrap();
-    // ours, ours-coldstart, KPA, KEDA, always-on (the bounds are rows of their own)
-    assert_eq!(policies.len(), 5, "{report}");
+    // ours, ours-coldstart, KPA, KEDA, always-on at the peak and sized for the SLO (the
+    // bounds are rows of their own)
+    assert_eq!(policies.len(), 6, "{report}");
+    assert_eq!(policies[5]["name"], "always-on-slo");
+    assert!(policies[5]["slo_attainment"].as_f64().unwrap() >= 0.99);
     for p in policies {
         assert_eq!(p["completed"].as_u64(), Some(requests), "{p}");
         assert_eq!(p["lost"], 0, "{p}");

@@ -126,6 +126,9 @@ pub struct SimArgs {
     /// Our policy: capacity mode (spot, on-demand, spot-with-fallback).
     #[arg(long, default_value = "spot-with-fallback")]
     pub capacity_mode: String,
+    /// Our policy: `minReplicas`, a floor of always-running replicas (both `ours` rows).
+    #[arg(long, default_value_t = 0)]
+    pub min_replicas: u32,
     /// Upper bound on replicas for every policy.
     #[arg(long, default_value_t = 200)]
     pub max_replicas: u32,
@@ -210,7 +213,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         other => anyhow::bail!("unknown capacity mode {other:?}"),
     };
     let spec = ScalingSpec {
-        min_replicas: 0,
+        min_replicas: args.min_replicas,
         max_replicas: args.max_replicas,
         target_in_flight_per_replica: profile.target_in_flight,
         scale_to_zero_after: secs(args.scale_to_zero_after_s, "--scale-to-zero-after-s")?,
@@ -321,14 +324,14 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
 pub fn render_text(r: &SimReport) -> String {
     let p = &r.fleet.profile;
     let mut out = format!(
-        "trace: {} ({} requests, {:.0} s, {} tokens)\nprofile: {} (prefill {:.0} tok/s, decode {:.0}->{:.0} tok/s at {} seqs, cold start {:.0} s, spot {:.4}/h, on-demand {:.4}/h, TTFT target {} s, target in-flight {})\nspot: {} interruptions per replica-hour, {:.0} s notice, {} unavailable periods; always-on replicas: {}\n\n",
+        "trace: {} ({} requests, {:.0} s, {} tokens)\nprofile: {} (prefill {:.0} tok/s, decode {:.0}->{:.0} tok/s at {} seqs, cold start {:.0} s, spot {:.4}/h, on-demand {:.4}/h, TTFT target {} s, target in-flight {})\nspot: {} interruptions per replica-hour, {:.0} s notice, {} unavailable periods; always-on replicas: {} (busiest minute), {} (smallest meeting {}% SLO)\n\n",
         r.trace, r.requests, r.trace_duration_s, r.billable_tokens,
         p.name, p.prefill_tokens_per_s, p.decode_tokens_per_s_single, p.decode_tokens_per_s_at_max,
         p.max_concurrent_seqs, p.cold_start_s,
         p.spot_price_micros_per_hour as f64 / 1e6, p.on_demand_price_micros_per_hour as f64 / 1e6,
         p.ttft_slo_s, p.target_in_flight,
         r.fleet.interruptions_per_hour, r.fleet.notice_ms as f64 / 1000.0, r.fleet.spot_outages.len(),
-        r.always_on_replicas,
+        r.always_on_replicas, r.always_on_slo_replicas, super::SLO_TARGET * 100.0,
     );
     let mut rows = vec![
         r.oracle.clone(),

@@ -187,19 +187,25 @@ impl Scaler for Keda {
 /// A fixed on-demand fleet, ready from the start.
 #[derive(Debug, Clone)]
 pub struct AlwaysOn {
+    name: &'static str,
     replicas: u32,
 }
 
 impl AlwaysOn {
-    /// `replicas` on-demand replicas, always.
+    /// `replicas` on-demand replicas, always: the `always-on-peak` baseline.
     pub fn new(replicas: u32) -> Self {
-        Self { replicas }
+        Self::named("always-on-peak", replicas)
+    }
+
+    /// The same fleet under another row name.
+    pub fn named(name: &'static str, replicas: u32) -> Self {
+        Self { name, replicas }
     }
 }
 
 impl Scaler for AlwaysOn {
     fn name(&self) -> &str {
-        "always-on-peak"
+        self.name
     }
     fn interval(&self) -> Duration {
         Duration::from_secs(60)

@@ -134,6 +134,47 @@ fn always_on_is_ready_at_the_first_arrival_and_paid_its_cold_start_before() {
     assert_eq!(s.slo_attainment, 1.0);
 }
 
+/// Three 1,500-token prompts at t = 0: on the tiny profile each takes 1.5 s to prefill, so
+/// only one per replica starts within the 2 s TTFT target.
+fn three_long_prompts_at_once() -> Vec<Request> {
+    vec![
+        Request {
+            arrival_ms: 0,
+            prompt_tokens: 1500,
+            generated_tokens: 1,
+        };
+        3
+    ]
+}
+
+#[test]
+fn always_on_slo_is_the_smallest_fixed_fleet_that_meets_the_target() {
+    let f = fleet(tiny_profile());
+    let reqs = three_long_prompts_at_once();
+    let slo = |n| {
+        let run = run_policy(&reqs, &f, &mut AlwaysOn::named(fixed_fleet::NAME, n));
+        report::summarise(run, &reqs, &f.profile, 1).slo_attainment
+    };
+    // two replicas: one of them prefills two prompts, the second starts at 1.5 s and its
+    // first token comes at 3 s
+    assert!((slo(2) - 2.0 / 3.0).abs() < 1e-9, "{}", slo(2));
+    assert_eq!(slo(3), 1.0);
+    // found from below (doubling 1, 2, 4, then bisecting) and from above
+    for start in [1, 2, 3, 10] {
+        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, start, 50);
+        assert_eq!(sized.replicas, 3, "from {start}");
+        assert_eq!(sized.summary.name, fixed_fleet::NAME);
+        assert_eq!(sized.summary.slo_attainment, 1.0);
+        // three replicas on demand, each billed its 10 s cold start before t = 0 and the
+        // 1.5 s of its prompt's prefill, at 2,000 micro-units a second
+        assert_eq!(sized.summary.cost_micros, 3 * 11_500 * 2);
+    }
+    // capped: the largest fleet allowed, reported with the attainment it reaches
+    let capped = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, 1, 2);
+    assert_eq!(capped.replicas, 2);
+    assert!(capped.summary.slo_attainment < SLO_TARGET);
+}
+
 #[test]
 fn baselines_from_zero_pay_on_demand() {
     let f = fleet(tiny_profile());
@@ -337,8 +378,9 @@ fn every_request_completes_exactly_once_in_every_policy_even_with_interruptions(
     assert!(ours.on_demand_replica_hours > 0.0, "outages force fallback");
 }
 
-/// Every scaler `simulate` runs for `cfg`, in the same order.
-fn scalers_of(cfg: &SimConfig) -> Vec<Box<dyn scalers::Scaler>> {
+/// Every scaler `simulate` runs for `cfg`, in the same order; `sized` is the report's
+/// `always_on_slo_replicas`.
+fn scalers_of(cfg: &SimConfig, sized: u32) -> Vec<Box<dyn scalers::Scaler>> {
     let p = &cfg.fleet.profile;
     let max = cfg.ours[0].1.max_replicas;
     let mut v: Vec<Box<dyn scalers::Scaler>> = cfg
@@ -349,6 +391,7 @@ fn scalers_of(cfg: &SimConfig) -> Vec<Box<dyn scalers::Scaler>> {
     v.push(Box::new(knative_kpa(p.target_in_flight, max, cfg.tick)));
     v.push(Box::new(Keda::new(p.target_in_flight, max)));
     v.push(Box::new(AlwaysOn::new(peak_replicas(&cfg.requests, p))));
+    v.push(Box::new(AlwaysOn::named(fixed_fleet::NAME, sized)));
     v
 }
 
@@ -398,7 +441,14 @@ fn the_oracle_is_never_beaten() {
         // the TTFT and were not evicted after their first token
         let slo_ms = (p.ttft_slo_s * 1000.0) as u64;
         let mut partial = 0;
-        for mut sc in scalers_of(&cfg) {
+        let names: Vec<String> = r.policies.iter().map(|p| p.name.clone()).collect();
+        let scalers = scalers_of(&cfg, r.always_on_slo_replicas);
+        assert_eq!(
+            scalers.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            names,
+            "the proof below covers every row"
+        );
+        for mut sc in scalers {
             let run = run_policy(&cfg.requests, &cfg.fleet, sc.as_mut());
             let anchored: Vec<bool> = (0..cfg.requests.len())
                 .map(|i| {

@@ -120,7 +120,8 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// never run. See the start-gate rule in the module docs.
     async fn withdraw(&self, model: &str, id: Uuid, entry: &EntryId) -> Result<Withdrawal>;
 
-    /// Depth figures of `model`'s queue.
+    /// Depth figures of `model`'s queue, read as one snapshot (on Redis, one script: both
+    /// streams and the prompt-token counter).
     async fn depth(&self, model: &str) -> Result<QueueDepth>;
 
     /// Deletes `model`'s jobs stream and heartbeats (model removed).

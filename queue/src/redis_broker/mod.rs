@@ -481,24 +481,28 @@ impl Broker for RedisBroker {
     }
 
     async fn depth(&self, model: &str) -> Result<QueueDepth> {
-        let mut total = QueueDepth::default();
-        for key in [self.keys.jobs(model), self.keys.resumed(model)] {
-            let mut c = self.conn.clone();
-            let v: Vec<i64> = self.scripts.depth.key(&key).invoke_async(&mut c).await?;
-            let [backlog, in_flight, wait] = v[..] else {
-                return Err(QueueError::Malformed {
-                    what: "depth reply",
-                    detail: format!("{v:?}"),
-                });
-            };
-            total.backlog += backlog.max(0) as u64;
-            total.in_flight += in_flight.max(0) as u64;
-            total.oldest_wait_ms = total.oldest_wait_ms.max(u64::try_from(wait).ok());
-        }
-        let mut get = redis::cmd("GET");
-        get.arg(self.keys.prompt_tokens(model));
-        total.arrived_prompt_tokens = self.query::<Option<u64>>(&get).await?.unwrap_or(0);
-        Ok(total)
+        let mut c = self.conn.clone();
+        let v: Vec<i64> = self
+            .scripts
+            .depth
+            .key(self.keys.jobs(model))
+            .key(self.keys.resumed(model))
+            .key(self.keys.prompt_tokens(model))
+            .invoke_async(&mut c)
+            .await?;
+        let [b1, p1, w1, b2, p2, w2, tokens] = v[..] else {
+            return Err(QueueError::Malformed {
+                what: "depth reply",
+                detail: format!("{v:?}"),
+            });
+        };
+        let count = |n: i64| n.max(0) as u64;
+        Ok(QueueDepth {
+            backlog: count(b1) + count(b2),
+            in_flight: count(p1) + count(p2),
+            oldest_wait_ms: u64::try_from(w1).ok().max(u64::try_from(w2).ok()),
+            arrived_prompt_tokens: count(tokens),
+        })
     }
 
     async fn purge_model(&self, model: &str) -> Result<()> {

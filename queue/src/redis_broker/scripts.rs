@@ -134,33 +134,41 @@ redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {0, lastseq + 1}
 "#;
 
-/// Depth figures. KEYS: jobs. Returns `{backlog, pending, oldest_wait_ms or -1}`, measured
-/// with the server's clock (which also stamped the entry ids).
+/// Depth figures of one model in one round trip, a consistent snapshot. KEYS: jobs stream,
+/// resumed stream, prompt-token counter. Returns `{backlog, pending, oldest_wait_ms or -1}`
+/// for each stream, then the counter: seven integers. Waits use the server's clock, which
+/// also stamped the entry ids.
 const DEPTH: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, -1} end
-local last = '0-0'
-local pending = 0
-local lag = false
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local m = {}
-  for i = 1, #g, 2 do m[g[i]] = g[i + 1] end
-  if m['name'] == 'workers' then
-    last = m['last-delivered-id']
-    pending = m['pending']
-    lag = m['lag']
-  end
-end
-local first = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1)
-if #first == 0 then return {0, pending, -1} end
-local backlog = lag
-if not backlog then
-  backlog = #redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 1000000)
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local wait = now - tonumber(string.match(first[1][1], '^(%d+)-'))
-if wait < 0 then wait = 0 end
-return {backlog, pending, wait}
+local function depth(key)
+  if redis.call('EXISTS', key) == 0 then return 0, 0, -1 end
+  local last = '0-0'
+  local pending = 0
+  local lag = false
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+    local m = {}
+    for i = 1, #g, 2 do m[g[i]] = g[i + 1] end
+    if m['name'] == 'workers' then
+      last = m['last-delivered-id']
+      pending = m['pending']
+      lag = m['lag']
+    end
+  end
+  local first = redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1)
+  if #first == 0 then return 0, pending, -1 end
+  local backlog = lag
+  if not backlog then
+    backlog = #redis.call('XRANGE', key, '(' .. last, '+', 'COUNT', 1000000)
+  end
+  local wait = now - tonumber(string.match(first[1][1], '^(%d+)-'))
+  if wait < 0 then wait = 0 end
+  return backlog, pending, wait
+end
+local b1, p1, w1 = depth(KEYS[1])
+local b2, p2, w2 = depth(KEYS[2])
+local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
+return {b1, p1, w1, b2, p2, w2, tokens}
 "#;
 
 /// The loaded scripts (EVALSHA, reloaded transparently after a server restart).

@@ -140,3 +140,25 @@ fn a_negative_prefill_rate_is_refused_before_anything_starts() {
         "{stderr}"
     );
 }
+
+#[test]
+fn more_min_workers_than_max_workers_is_refused_before_anything_starts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args([
+            "up",
+            "--model",
+            "unused.gguf",
+            "--min-workers",
+            "3",
+            "--max-workers",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("scaling settings") && stderr.contains("minReplicas (3)"),
+        "{stderr}"
+    );
+}

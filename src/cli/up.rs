@@ -60,6 +60,10 @@ pub struct UpArgs {
     /// A model with no request for this long is unloaded (scale to zero).
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub scale_to_zero_after: Duration,
+    /// Workers per model kept loaded even when idle (0: scale to zero): no request waits for
+    /// a model load while traffic stays within them (docs/autoscaling.md, "A floor").
+    #[arg(long, default_value_t = 0)]
+    pub min_workers: u32,
     /// Most workers per model (each loads its own copy of the model).
     #[arg(long, default_value_t = 1)]
     pub max_workers: u32,
@@ -110,7 +114,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         .install_recorder()
         .context("installing the metrics recorder")?;
     let scaling = ScalingSpec {
-        min_replicas: 0,
+        min_replicas: args.min_workers,
         max_replicas: args.max_workers,
         target_in_flight_per_replica: args.target_in_flight,
         scale_to_zero_after: args.scale_to_zero_after,

@@ -202,6 +202,46 @@ async fn idle_model_scales_to_zero_after_the_idle_time_and_back_up_on_demand() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_floor_loads_its_workers_before_any_request_and_keeps_them_when_idle() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_secs(2));
+    let idle = Duration::from_secs(30);
+    let mut fleet = Fleet::new(
+        broker.clone(),
+        launcher.clone(),
+        vec![FleetModel {
+            record: record("m"),
+            spec: ScalingSpec {
+                min_replicas: 1,
+                ..spec(idle)
+            },
+        }],
+        FleetConfig::default(),
+    );
+    tick(&mut fleet).await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&broker).await, ModelState::Starting);
+    assert_eq!(fleet.status().snapshot()[0].reason, "MinReplicas");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    assert_eq!(state(&broker).await, ModelState::Ready);
+    // Long past the idle time with no request, the floor stays loaded.
+    for _ in 0..60 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        tick(&mut fleet).await;
+    }
+    assert_eq!(state(&broker).await, ModelState::Ready);
+    assert_eq!(
+        (
+            launcher.started.load(Ordering::SeqCst),
+            launcher.stopped.load(Ordering::SeqCst)
+        ),
+        (1, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_that_fails_to_load_is_replaced_while_demand_lasts() {
     let broker = Arc::new(MemoryBroker::default());
     let launcher = FakeLauncher::new(Duration::from_millis(100));

@@ -80,8 +80,24 @@ fn a_measured_profile_drives_the_simulator() {
     // ours, ours-coldstart, KPA, KEDA, always-on at the peak and sized for the SLO (the
     // bounds are rows of their own)
     assert_eq!(policies.len(), 6, "{report}");
+    // the fixed fleet sized for the SLO reaches 99 %, or as close to it as any fleet can: the
+    // oracle row serves every request at its unloaded latency, and on a loaded machine the
+    // measured prefill rate can put the longest prompts past the target (one request of
+    // slack for the 100 ms steps)
     assert_eq!(policies[5]["name"], "always-on-slo");
-    assert!(policies[5]["slo_attainment"].as_f64().unwrap() >= 0.99);
+    let best = report["oracle"]["slo_attainment"]
+        .as_f64()
+        .unwrap()
+        .min(0.99);
+    let sized = policies[5]["slo_attainment"].as_f64().unwrap();
+    assert!(
+        sized >= best - 1.0 / requests as f64,
+        "{sized} < {best}: {report}"
+    );
+    assert!(
+        report["always_on_slo_replicas"].as_u64().unwrap() <= 20,
+        "{report}"
+    );
     for p in policies {
         assert_eq!(p["completed"].as_u64(), Some(requests), "{p}");
         assert_eq!(p["lost"], 0, "{p}");

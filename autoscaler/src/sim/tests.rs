@@ -176,6 +176,25 @@ fn always_on_slo_is_the_smallest_fixed_fleet_that_meets_the_target() {
 }
 
 #[test]
+fn always_on_slo_stops_at_the_best_reachable_attainment() {
+    // a fourth prompt of 2,500 tokens takes 2.5 s to prefill: it misses the 2 s target on
+    // any fleet, so 99 % is out of reach; 3 replicas serve the other three in time (3 of 4),
+    // as every larger fleet does, and 2 serve only two of them
+    let f = fleet(tiny_profile());
+    let mut reqs = three_long_prompts_at_once();
+    reqs.push(Request {
+        arrival_ms: 0,
+        prompt_tokens: 2500,
+        generated_tokens: 1,
+    });
+    for start in [1, 3, 40] {
+        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, start, 50);
+        assert_eq!(sized.replicas, 3, "from {start}");
+        assert_eq!(sized.summary.slo_attainment, 0.75);
+    }
+}
+
+#[test]
 fn baselines_from_zero_pay_on_demand() {
     let f = fleet(tiny_profile());
     let reqs = one_request();

@@ -21,7 +21,8 @@ fi
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --all-targets "$@" 2>&1 | tee "$log"
+# --no-fail-fast: a failing test binary does not hide the ones after it from the summary
+cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 # The CUDA backend (feature `cuda`): its kernels compile with NVRTC on any machine; the tests
 # that launch them skip with a message where there is no GPU.
@@ -32,7 +33,7 @@ else
 fi
 for cuda_tests in "-p tidal-kernels --lib cuda::" "-p tidal-runtime --test cuda_model"; do
     # shellcheck disable=SC2086 # word splitting intended
-    cargo test $cuda_tests --features cuda "$@" 2>&1 | tee -a "$log"
+    cargo test $cuda_tests --features cuda --no-fail-fast "$@" 2>&1 | tee -a "$log"
     cuda_status=${PIPESTATUS[0]}
     [ "$cuda_status" -eq 0 ] || status=$cuda_status
 done

@@ -122,19 +122,21 @@ fn a_zero_claim_prefill_budget_is_refused() {
     }
 }
 
-#[test]
-fn a_negative_prefill_rate_is_refused_before_anything_starts() {
+/// Runs `tidal up` on a model file that does not exist with `flags`, expects it to refuse
+/// them before loading anything, and returns what it printed on stderr.
+fn up_refuses(flags: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args([
-            "up",
-            "--model",
-            "unused.gguf",
-            "--prefill-tokens-per-second=-5",
-        ])
+        .args(["up", "--model", "unused.gguf"])
+        .args(flags)
         .output()
         .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{flags:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_negative_prefill_rate_is_refused_before_anything_starts() {
+    let stderr = up_refuses(&["--prefill-tokens-per-second=-5"]);
     assert!(
         stderr.contains("scaling settings") && stderr.contains("prefillTokensPerSecond"),
         "{stderr}"
@@ -143,20 +145,7 @@ fn a_negative_prefill_rate_is_refused_before_anything_starts() {
 
 #[test]
 fn more_min_workers_than_max_workers_is_refused_before_anything_starts() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args([
-            "up",
-            "--model",
-            "unused.gguf",
-            "--min-workers",
-            "3",
-            "--max-workers",
-            "2",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = up_refuses(&["--min-workers", "3", "--max-workers", "2"]);
     assert!(
         stderr.contains("scaling settings") && stderr.contains("minReplicas (3)"),
         "{stderr}"

@@ -181,8 +181,14 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
             report::summarise(run, reqs, p, oracle.cost_micros)
         })
         .collect();
-    let sized =
-        fixed_fleet::smallest_meeting_slo(reqs, &cfg.fleet, oracle.cost_micros, always, max);
+    let peak_row = policies.iter().find(|s| s.name == scalers::ALWAYS_ON_PEAK);
+    let sized = fixed_fleet::smallest_meeting_slo(
+        reqs,
+        &cfg.fleet,
+        oracle.cost_micros,
+        (always, peak_row),
+        max,
+    );
     policies.push(sized.summary);
     let targets = cfg
         .ours

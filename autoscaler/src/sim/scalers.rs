@@ -184,6 +184,9 @@ impl Scaler for Keda {
     }
 }
 
+/// Row name of the fixed fleet sized to the busiest minute.
+pub const ALWAYS_ON_PEAK: &str = "always-on-peak";
+
 /// A fixed on-demand fleet, ready from the start.
 #[derive(Debug, Clone)]
 pub struct AlwaysOn {
@@ -194,7 +197,7 @@ pub struct AlwaysOn {
 impl AlwaysOn {
     /// `replicas` on-demand replicas, always: the `always-on-peak` baseline.
     pub fn new(replicas: u32) -> Self {
-        Self::named("always-on-peak", replicas)
+        Self::named(ALWAYS_ON_PEAK, replicas)
     }
 
     /// The same fleet under another row name.

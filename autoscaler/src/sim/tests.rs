@@ -161,7 +161,7 @@ fn always_on_slo_is_the_smallest_fixed_fleet_that_meets_the_target() {
     assert_eq!(slo(3), 1.0);
     // found from below (doubling 1, 2, 4, then bisecting) and from above
     for start in [1, 2, 3, 10] {
-        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, start, 50);
+        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, (start, None), 50);
         assert_eq!(sized.replicas, 3, "from {start}");
         assert_eq!(sized.summary.name, fixed_fleet::NAME);
         assert_eq!(sized.summary.slo_attainment, 1.0);
@@ -169,8 +169,19 @@ fn always_on_slo_is_the_smallest_fixed_fleet_that_meets_the_target() {
         // 1.5 s of its prompt's prefill, at 2,000 micro-units a second
         assert_eq!(sized.summary.cost_micros, 3 * 11_500 * 2);
     }
+    // a replay already made of the start size (the always-on-peak row) stands for that size,
+    // under this row's name: the same figures as replaying it
+    let peak = {
+        let run = run_policy(&reqs, &f, &mut AlwaysOn::new(3));
+        report::summarise(run, &reqs, &f.profile, 1)
+    };
+    let reused = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, (3, Some(&peak)), 50);
+    let fresh = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, (3, None), 50);
+    assert_eq!(reused.replicas, 3);
+    assert_eq!(reused.summary, fresh.summary);
+    assert_eq!(reused.summary.name, fixed_fleet::NAME);
     // capped: the largest fleet allowed, reported with the attainment it reaches
-    let capped = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, 1, 2);
+    let capped = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, (1, None), 2);
     assert_eq!(capped.replicas, 2);
     assert!(capped.summary.slo_attainment < SLO_TARGET);
 }
@@ -188,7 +199,7 @@ fn always_on_slo_stops_at_the_best_reachable_attainment() {
         generated_tokens: 1,
     });
     for start in [1, 3, 40] {
-        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, start, 50);
+        let sized = fixed_fleet::smallest_meeting_slo(&reqs, &f, 1, (start, None), 50);
         assert_eq!(sized.replicas, 3, "from {start}");
         assert_eq!(sized.summary.slo_attainment, 0.75);
     }

@@ -67,8 +67,9 @@ return id
 
 /// Submit a new request. KEYS: jobs stream, request record, idempotency key, the model's
 /// prompt-token counter. ARGV: record JSON (with `"entry_id":""`), ttl_ms, use the
-/// idempotency key (0/1), request id, prompt tokens (estimate), field, value, ... Returns `{1, entry}` when enqueued; `{0, first id}` when the key
-/// was used before (nothing enqueued); `{2, ''}` when the request id is already recorded.
+/// idempotency key (0/1), request id, prompt tokens (estimate), field, value, ... Returns
+/// `{1, entry}` when enqueued; `{0, first id}` when the key was used before (nothing
+/// enqueued); `{2, ''}` when the request id is already recorded.
 /// The record is spliced as text: a JSON string holds no unescaped quote, so the first
 /// `"entry_id":""` is the field itself.
 const SUBMIT: &str = r#"

@@ -122,6 +122,34 @@ fn a_zero_claim_prefill_budget_is_refused() {
     }
 }
 
+#[test]
+fn a_bad_claim_prefill_budget_duration_is_refused() {
+    // `0s` is valid (no budget); what is not a duration is refused with the flag named
+    for command in ["runtime", "up"] {
+        for (value, why) in [
+            ("soon", "not a duration"),
+            ("1 parsec", "unknown duration unit"),
+        ] {
+            let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+                .args([
+                    command,
+                    "--model",
+                    "unused.gguf",
+                    "--claim-prefill-budget",
+                    value,
+                ])
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{command} {value}");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("--claim-prefill-budget") && stderr.contains(why),
+                "{command} {value}: {stderr}"
+            );
+        }
+    }
+}
+
 /// Runs `tidal up` on a model file that does not exist with `flags`, expects it to refuse
 /// them before loading anything, and returns what it printed on stderr.
 fn up_refuses(flags: &[&str]) -> String {

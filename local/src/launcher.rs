@@ -3,7 +3,6 @@
 //! drops the engine, which frees the KV memory and unmaps the weights.
 
 use std::collections::HashMap;
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use tidal_queue::Broker;
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::load::load_model;
 use tidal_runtime::model::QuantizeTo;
-use tidal_runtime::worker::{Worker, WorkerConfig};
+use tidal_runtime::worker::{ClaimBudget, Worker, WorkerConfig};
 use tokio::sync::{oneshot, watch};
 
 use crate::fleet::{LaunchError, Launcher};
@@ -35,7 +34,7 @@ pub struct RuntimeLauncher {
     models: HashMap<String, LaunchSpec>,
     drain_timeout: Duration,
     claim_timeout: Duration,
-    claim_prefill_budget_tokens: Option<NonZeroUsize>,
+    claim_budget: ClaimBudget,
 }
 
 impl RuntimeLauncher {
@@ -51,14 +50,14 @@ impl RuntimeLauncher {
             models,
             drain_timeout,
             claim_timeout,
-            claim_prefill_budget_tokens: None,
+            claim_budget: ClaimBudget::default(),
         }
     }
 
-    /// Workers claim only while the prompt tokens they have queued for prefill stay under
-    /// `budget` (`WorkerConfig::claim_prefill_budget_tokens`); `None`: whatever fits.
-    pub fn with_claim_prefill_budget(mut self, budget: Option<NonZeroUsize>) -> Self {
-        self.claim_prefill_budget_tokens = budget;
+    /// Workers claim under `budget` (`WorkerConfig::claim_budget`; default one second of
+    /// measured prefill).
+    pub fn with_claim_budget(mut self, budget: ClaimBudget) -> Self {
+        self.claim_budget = budget;
         self
     }
 }
@@ -91,7 +90,7 @@ impl Launcher for RuntimeLauncher {
         let mut config = WorkerConfig::new(model, name);
         config.drain_timeout = self.drain_timeout;
         config.claim_timeout = self.claim_timeout;
-        config.claim_prefill_budget_tokens = self.claim_prefill_budget_tokens;
+        config.claim_budget = self.claim_budget;
         let worker = Worker::new(Arc::new(loaded.into_model()), self.broker.clone(), config)
             .map_err(|e| LaunchError(e.to_string()))?;
         let _ = ready.send(started.elapsed());

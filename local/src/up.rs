@@ -73,9 +73,9 @@ pub struct UpConfig {
     pub backlog_cap: u64,
     /// How long a stopping worker lets its sequences finish.
     pub drain_timeout: Duration,
-    /// Workers claim only while their queued prefill stays under this many prompt tokens
-    /// (`tidal runtime --claim-prefill-budget-tokens`); `None`: whatever fits.
-    pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
+    /// How much queued prefill stops a worker's claims (`tidal runtime
+    /// --claim-prefill-budget`); default one second of its measured prefill.
+    pub claim_budget: tidal_runtime::worker::ClaimBudget,
     /// Renders `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
 }
@@ -250,7 +250,7 @@ pub async fn run(
             config.drain_timeout,
             Duration::from_secs(30),
         )
-        .with_claim_prefill_budget(config.claim_prefill_budget_tokens),
+        .with_claim_budget(config.claim_budget),
     );
     let fleet = Fleet::new(
         broker.clone(),

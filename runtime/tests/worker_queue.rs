@@ -5,9 +5,12 @@
 mod worker_common;
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tidal_queue::{clock::system_now_ms, ResponseEvent, Withdrawal};
+use tidal_runtime::server::LoadedModel;
+use tidal_runtime::worker::ClaimBudget;
 use worker_common::*;
 
 macro_rules! both_brokers {
@@ -191,6 +194,39 @@ async fn jobs_wait_for_a_worker_and_withdrawn_jobs_never_run(h: Harness) {
     assert_eq!(usage_events(&*b).await.len(), 3);
 }
 
+/// Serves one job per prompt (4 tokens each) with a worker under `budget` on `model`, and
+/// returns the most jobs it held at once (sampled every millisecond).
+async fn most_held(model: &Arc<LoadedModel>, prompts: &[Vec<u32>], budget: ClaimBudget) -> usize {
+    let h = Harness::memory();
+    let b = h.broker.clone();
+    let jobs: Vec<_> = prompts.iter().map(|p| job("m", p, 4)).collect();
+    for j in &jobs {
+        b.enqueue(j).await.unwrap();
+    }
+    let mut config = test_config("m", "w1");
+    config.claim_budget = budget;
+    let worker = spawn_worker(model.clone(), b.clone(), config);
+    let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
+    let reader = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            for id in ids {
+                assert_complete(&read_to_end(&*b, id, LONG).await);
+            }
+        })
+    };
+    let mut most = 0;
+    while !reader.is_finished() {
+        most = most.max(worker.status.held());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    reader.await.unwrap();
+    let summary = worker.shutdown().await;
+    let n = jobs.len() as u64;
+    assert_eq!((summary.claimed, summary.completed), (n, n));
+    most
+}
+
 /// With a prefill budget a worker holds only the jobs whose prefill it can start soon,
 /// leaving the rest queued for other workers; without one it takes every job at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,38 +234,62 @@ async fn a_prefill_budget_bounds_the_jobs_a_worker_holds() {
     // one token per engine step, so each 64-token prompt takes 64 steps to prefill
     let (_dir, model) = tiny_model_stepwise(&fast_spec());
     let long = prompts_of(6, 64);
-    for (budget, allowed) in [(NonZeroUsize::new(32), 1..=2), (None, 3..=6)] {
-        let h = Harness::memory();
-        let b = h.broker.clone();
-        let jobs: Vec<_> = long.iter().map(|p| job("m", p, 4)).collect();
-        for j in &jobs {
-            b.enqueue(j).await.unwrap();
-        }
-        let mut config = test_config("m", "w1");
-        config.claim_prefill_budget_tokens = budget;
-        let worker = spawn_worker(model.clone(), b.clone(), config);
-        let ids: Vec<_> = jobs.iter().map(|j| j.id).collect();
-        let reader = {
-            let b = b.clone();
-            tokio::spawn(async move {
-                for id in ids {
-                    assert_complete(&read_to_end(&*b, id, LONG).await);
-                }
-            })
-        };
-        let mut most = 0;
-        while !reader.is_finished() {
-            most = most.max(worker.status.held());
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        reader.await.unwrap();
-        let summary = worker.shutdown().await;
-        assert_eq!((summary.claimed, summary.completed), (6, 6));
+    let tokens = ClaimBudget::Tokens(NonZeroUsize::MIN.saturating_add(31));
+    for (budget, allowed) in [(tokens, 1..=2), (ClaimBudget::Off, 3..=6)] {
         // a budget of half a prompt: the job in prefill, and one more once that prefill is
         // done (while the first decodes, which a sample may miss); greedy: the six at once
         // (in one claim or two), held through the prefills
+        let most = most_held(&model, &long, budget).await;
         assert!(allowed.contains(&most), "budget {budget:?}: held {most}");
     }
+}
+
+/// A budget in seconds of prefill is turned into tokens with the engine's measured rate:
+/// a worker holds about that much prefill and leaves the rest queued, while a greedy worker
+/// (or a budget the rate says all the jobs fit in) takes them all. One second of the tiny
+/// model's prefill is more than its context holds, so the budgets here are the same rule
+/// scaled to it: two prompts' and sixty-four prompts' worth at the rate measured on a
+/// warm-up prompt. The rate keeps moving as the engine works (a loaded machine slows
+/// steps), hence the wide bounds; they still cannot pass by accident: the small budget
+/// holds at most half the jobs even if the rate triples, and the large one fills every slot
+/// only if the measured rate is used (before it is known, a worker holds one job at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_in_seconds_follows_the_measured_prefill_rate() {
+    const P: usize = 64;
+    // the engine's max_num_seqs: greedy can hold them all
+    const N: usize = 16;
+    // one token per step of the slower tiny model: each prompt's prefill takes a while, so
+    // the samples of `held` see what a worker holds
+    let (_dir, model) = tiny_model_stepwise(&slow_spec());
+    assert_eq!(model.engine.stats().prefill_tokens_per_s, 0.0);
+    // distinct prompts for every run, so that none is served from the prefix cache
+    let all = prompts_of(1 + 3 * N, 2 * P);
+    let mut runs = all[1..]
+        .chunks(N)
+        .map(|c| c.iter().map(|p| p[..P].to_vec()).collect());
+    reference(&model, &all[0], 1).await; // 2P steps of prefill
+    let rate = model.engine.stats().prefill_tokens_per_s;
+    assert!(rate > 0.0, "no prefill rate measured");
+    let prompts_worth =
+        |n: usize| ClaimBudget::Prefill(Duration::from_secs_f64((n * P) as f64 / rate));
+
+    // Budgets far from the boundaries: the rate keeps moving with the machine's load (other
+    // tests run beside this one), and each assertion must hold for a several-fold change.
+    let small: Vec<Vec<u32>> = runs.next().unwrap();
+    let held = most_held(&model, &small, prompts_worth(1)).await;
+    assert!(
+        (1..=N / 2).contains(&held),
+        "one prompt's worth at {rate:.0} tokens/s: held {held}"
+    );
+    let large: Vec<Vec<u32>> = runs.next().unwrap();
+    let held = most_held(&model, &large, prompts_worth(1024)).await;
+    assert!(
+        held >= N - 2,
+        "1,024 prompts' worth at {rate:.0} tokens/s: held {held}"
+    );
+    let greedy: Vec<Vec<u32>> = runs.next().unwrap();
+    let held = most_held(&model, &greedy, ClaimBudget::Off).await;
+    assert!(held >= N - 2, "greedy: held {held}");
 }
 
 /// The scale-up benchmark's driver: a burst served by a worker that was up and one that
@@ -240,7 +300,8 @@ async fn scale_up_bench_serves_the_burst_with_both_workers() {
     let (_a, first) = tiny_model_stepwise(&fast_spec());
     let (_b, second) = tiny_model_stepwise(&fast_spec());
     let burst = prompts_of(4, 48);
-    for budget in [None, NonZeroUsize::new(24)] {
+    let tokens = ClaimBudget::Tokens(NonZeroUsize::MIN.saturating_add(23));
+    for budget in [ClaimBudget::Off, tokens, ClaimBudget::default()] {
         let h = Harness::memory();
         let r = bench_scale_up(
             first.clone(),
@@ -257,6 +318,7 @@ async fn scale_up_bench_serves_the_burst_with_both_workers() {
         assert!(r.median_time_to_first_token <= r.p90_time_to_first_token);
         assert!(r.p90_time_to_first_token <= r.max_time_to_first_token);
         assert!(r.max_time_to_first_token <= r.wall_time);
-        assert_eq!((r.requests, r.claim_prefill_budget_tokens), (4, budget));
+        assert_eq!((r.requests, r.claim_budget), (4, budget));
+        assert!(r.prefill_tokens_per_s[0] > 0.0, "{r:?}");
     }
 }

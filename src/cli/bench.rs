@@ -9,9 +9,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use tidal_runtime::bench;
 use tidal_runtime::model::{KvDtype, Model, ModelFile, QuantizeTo};
+use tidal_runtime::worker::bench::ScaleUpReport;
+use tidal_runtime::worker::ClaimBudget;
 use tidal_tokenizer::Tokenizer;
 
-use super::engine_args::{parse_bytes, EngineArgs};
+use super::engine_args::{parse_bytes, parse_duration, EngineArgs};
 
 /// Flags of `tidal bench`.
 #[derive(Args, Debug)]
@@ -60,7 +62,8 @@ pub enum BenchCommand {
     /// Memory read bandwidth of this machine (the ceiling for batch-1 decode).
     Bandwidth,
     /// A burst queued while one worker is up and a second starts later (a scale-up): time to
-    /// first token with greedy claims and with a claim prefill budget, alternating rounds.
+    /// first token with greedy claims, a claim budget in tokens and one in seconds of
+    /// measured prefill (the default), in turn each round.
     /// Each worker has its own engine (`--threads` each, default 1: two replicas on one
     /// machine).
     ScaleUp {
@@ -77,10 +80,14 @@ pub enum BenchCommand {
         /// When the second worker starts, milliseconds after the burst.
         #[arg(long, default_value_t = 1000)]
         second_worker_after_ms: u64,
-        /// The budget compared with greedy claiming, in prompt tokens.
+        /// The budget in prompt tokens compared (one median prompt of the trace).
         #[arg(long, default_value = "1469")]
         claim_prefill_budget_tokens: NonZeroUsize,
-        /// Rounds of the pair (greedy, budget).
+        /// The budget in seconds of each engine's measured prefill compared (the workers'
+        /// default).
+        #[arg(long, default_value = "1s", value_parser = parse_duration)]
+        claim_prefill_budget: Duration,
+        /// Rounds of the three (greedy, tokens, seconds).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
     },
@@ -294,14 +301,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             generate,
             second_worker_after_ms,
             claim_prefill_budget_tokens,
+            claim_prefill_budget,
             rounds,
         } => bench_scale_up(
             engine,
-            requests,
-            prompt_tokens,
-            generate,
-            Duration::from_millis(second_worker_after_ms),
-            claim_prefill_budget_tokens,
+            ScaleUpLoad {
+                requests,
+                prompt_tokens,
+                generate,
+                second_after: Duration::from_millis(second_worker_after_ms),
+            },
+            [
+                ClaimBudget::Off,
+                ClaimBudget::Tokens(claim_prefill_budget_tokens),
+                super::runtime::claim_budget(claim_prefill_budget, None),
+            ],
             rounds,
         )?,
         BenchCommand::Bandwidth => {
@@ -361,16 +375,23 @@ fn bench_worker(
     Ok(())
 }
 
-/// Alternating rounds of greedy claims and claims under `budget`: a burst of `requests`
-/// fresh prompts while one worker is up, a second worker `second_after` later, each worker
-/// with its own engine (one kernel thread unless `--threads` says otherwise).
-fn bench_scale_up(
-    mut engine: EngineArgs,
+/// The burst of `tidal bench scale-up`.
+struct ScaleUpLoad {
     requests: usize,
     prompt_tokens: usize,
     generate: usize,
     second_after: Duration,
-    budget: NonZeroUsize,
+}
+
+/// Rounds of a burst of `requests` fresh prompts while one worker is up and a second
+/// `second_after` later (with a freshly loaded engine), once under each of `budgets` per
+/// round, each worker with its own engine (one kernel thread unless `--threads` says
+/// otherwise). One JSON line per run, then
+/// a summary table on stderr.
+fn bench_scale_up(
+    mut engine: EngineArgs,
+    load: ScaleUpLoad,
+    budgets: [ClaimBudget; 3],
     rounds: usize,
 ) -> anyhow::Result<()> {
     use tidal_queue::{Broker, MemoryBroker};
@@ -378,34 +399,68 @@ fn bench_scale_up(
 
     engine.threads = engine.threads.or(Some(1));
     let first = engine.load()?;
-    let second = engine.load()?;
     let tokenizer = first.engine.tokenizer().clone();
-    let (first, second) = (Arc::new(first.into_model()), Arc::new(second.into_model()));
+    let first = Arc::new(first.into_model());
     let runtime = tokio::runtime::Runtime::new()?;
     let mut variant = 0;
+    let mut reports = Vec::new();
     for _ in 0..rounds.max(1) {
-        for budget in [None, Some(budget)] {
+        for budget in budgets {
+            // The second worker is a new replica: a fresh engine, which has not measured its
+            // prefill rate yet. The first has served earlier runs, as a worker that was up.
+            let second = Arc::new(engine.load()?.into_model());
             // fresh prompts every run: no run profits from another's prefix cache
-            let prompts: Vec<Vec<u32>> = (0..requests)
+            let prompts: Vec<Vec<u32>> = (0..load.requests)
                 .map(|_| {
                     variant += 1;
-                    text_tokens(&tokenizer, variant, prompt_tokens)
+                    text_tokens(&tokenizer, variant, load.prompt_tokens)
                 })
                 .collect();
             let broker: Arc<dyn Broker> = Arc::new(MemoryBroker::default());
             let report = runtime.block_on(bench_scale_up(
                 first.clone(),
-                second.clone(),
+                second,
                 broker,
                 &prompts,
-                generate,
-                second_after,
+                load.generate,
+                load.second_after,
                 budget,
             ))?;
             print(&serde_json::json!({"bench": "scale_up", "report": report}));
+            reports.push(report);
         }
     }
+    eprint!("{}", scale_up_table(&reports));
     Ok(())
+}
+
+/// One row per run: the claim rule, who claimed what, TTFT median / max, wall time.
+fn scale_up_table(reports: &[ScaleUpReport]) -> String {
+    let width = reports
+        .iter()
+        .map(|r| r.claims.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
+    let mut out = format!(
+        "{:width$}  first/second  TTFT median  TTFT max     wall  prefill tok/s\n",
+        "claims"
+    );
+    for r in reports {
+        let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+        out.push_str(&format!(
+            "{:width$}  {:>5} / {:<4}  {:>11}  {:>8}  {:>7}  {:.0} / {:.0}\n",
+            r.claims,
+            r.claimed_by_first,
+            r.claimed_by_second,
+            s(r.median_time_to_first_token),
+            s(r.max_time_to_first_token),
+            s(r.wall_time),
+            r.prefill_tokens_per_s[0],
+            r.prefill_tokens_per_s[1],
+        ));
+    }
+    out
 }
 
 /// Scores the text once per KV dtype with the same weights, then prints the capacity table.

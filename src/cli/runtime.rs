@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
 use tidal_runtime::server::{router, ServerState};
-use tidal_runtime::worker::{probe, Worker, WorkerConfig};
+use tidal_runtime::worker::{probe, ClaimBudget, Worker, WorkerConfig};
 use tokio::sync::watch;
 
 use super::engine_args::{parse_duration, EngineArgs};
@@ -70,12 +70,29 @@ pub struct WorkerArgs {
     /// Most jobs held at once (default: --max-num-seqs).
     #[arg(long)]
     pub max_jobs: Option<usize>,
-    /// Claim jobs only while the prompt tokens queued for prefill stay under this many, so
-    /// that a worker busy prefilling long prompts leaves new jobs to free workers (about the
-    /// prefill tokens/s of `tidal bench profile` times the seconds a request may wait for a
-    /// busy worker; default: claim whenever slots and KV blocks allow).
+    /// Claim jobs only while the prefill queued in this worker takes less than this at the
+    /// engine's measured prefill rate (one job at a time until it has measured it), so that
+    /// a worker busy prefilling leaves new jobs to free workers and the queue's backlog
+    /// shows the load. `0s`: no budget, claim whenever slots and KV blocks allow.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub claim_prefill_budget: Duration,
+    /// A fixed budget in prompt tokens instead of `--claim-prefill-budget` (which it
+    /// overrides).
     #[arg(long)]
     pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
+}
+
+/// The claim budget that `--claim-prefill-budget` and `--claim-prefill-budget-tokens` ask
+/// for: the token count if given, else the duration (`0s`: off).
+pub(super) fn claim_budget(
+    duration: Duration,
+    tokens: Option<std::num::NonZeroUsize>,
+) -> ClaimBudget {
+    match tokens {
+        Some(n) => ClaimBudget::Tokens(n),
+        None if duration.is_zero() => ClaimBudget::Off,
+        None => ClaimBudget::Prefill(duration),
+    }
 }
 
 fn prometheus() -> anyhow::Result<PrometheusHandle> {
@@ -191,7 +208,7 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     config.drain_timeout = w.drain_timeout;
     config.claim_timeout = w.claim_timeout;
     config.max_jobs = w.max_jobs;
-    config.claim_prefill_budget_tokens = w.claim_prefill_budget_tokens;
+    config.claim_budget = claim_budget(w.claim_prefill_budget, w.claim_prefill_budget_tokens);
     config.validate()?;
 
     let broker_config = BrokerConfig {
@@ -222,4 +239,61 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
         tracing::warn!("health server did not stop in 5 s");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use tidal_runtime::worker::DEFAULT_CLAIM_BUDGET;
+
+    use super::*;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerArgs,
+    }
+
+    fn budget(args: &[&str]) -> Result<ClaimBudget, clap::Error> {
+        let cli = Cli::try_parse_from([&["tidal"], args].concat())?;
+        let w = cli.worker;
+        Ok(claim_budget(
+            w.claim_prefill_budget,
+            w.claim_prefill_budget_tokens,
+        ))
+    }
+
+    #[test]
+    fn claim_budget_flags() {
+        assert_eq!(budget(&[]).unwrap(), DEFAULT_CLAIM_BUDGET);
+        let ms = |n| ClaimBudget::Prefill(Duration::from_millis(n));
+        assert_eq!(
+            budget(&["--claim-prefill-budget", "250ms"]).unwrap(),
+            ms(250)
+        );
+        assert_eq!(budget(&["--claim-prefill-budget", "2"]).unwrap(), ms(2000));
+        assert_eq!(
+            budget(&["--claim-prefill-budget", "0s"]).unwrap(),
+            ClaimBudget::Off
+        );
+        let tokens = ClaimBudget::Tokens(std::num::NonZeroUsize::MIN.saturating_add(1468));
+        for extra in [
+            &[][..],
+            &["--claim-prefill-budget", "0s"],
+            &["--claim-prefill-budget", "3s"],
+        ] {
+            let args = [&["--claim-prefill-budget-tokens", "1469"][..], extra].concat();
+            assert_eq!(budget(&args).unwrap(), tokens, "{args:?}");
+        }
+        for (bad, why) in [
+            ("--claim-prefill-budget=soon", "not a duration"),
+            ("--claim-prefill-budget=-1s", "not a duration"),
+            ("--claim-prefill-budget=1 parsec", "unknown duration unit"),
+            ("--claim-prefill-budget-tokens=0", "zero"),
+        ] {
+            let e = budget(&[bad]).unwrap_err().to_string();
+            let flag = bad.split('=').next().unwrap_or_default();
+            assert!(e.contains(flag) && e.contains(why), "{bad}: {e}");
+        }
+    }
 }

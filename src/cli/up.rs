@@ -86,8 +86,11 @@ pub struct UpArgs {
     /// How long a stopping worker lets running requests finish.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
-    /// Workers claim only while the prompt tokens they have queued for prefill stay under
-    /// this many (see `tidal runtime --help`; default: whatever fits).
+    /// Workers claim only while the prefill they have queued takes less than this at their
+    /// measured prefill rate (see `tidal runtime --help`; `0s`: whatever fits).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub claim_prefill_budget: Duration,
+    /// A fixed claim budget in prompt tokens, overriding `--claim-prefill-budget`.
     #[arg(long)]
     pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
     /// Price per million prompt tokens, in micro-units of the currency.
@@ -151,7 +154,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         max_queue_wait: args.max_queue_wait,
         backlog_cap: args.backlog_cap,
         drain_timeout: args.drain_timeout,
-        claim_prefill_budget_tokens: args.claim_prefill_budget_tokens,
+        claim_budget: super::runtime::claim_budget(
+            args.claim_prefill_budget,
+            args.claim_prefill_budget_tokens,
+        ),
         prometheus: Some(prometheus),
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 
 use super::executor::Executor;
 use super::metrics::EngineMetrics;
+use super::prefill_rate::{prefill_tokens, PrefillRate};
 use super::request::FinishReason;
 use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
@@ -21,6 +22,7 @@ pub(crate) struct EngineCore {
     seqs: HashMap<SeqId, SeqState>,
     metrics: EngineMetrics,
     shared_stats: watch::Sender<SchedulerStats>,
+    prefill_rate: PrefillRate,
 }
 
 impl EngineCore {
@@ -47,6 +49,7 @@ impl EngineCore {
             seqs: HashMap::new(),
             metrics: EngineMetrics,
             shared_stats,
+            prefill_rate: PrefillRate::default(),
         }
     }
 
@@ -67,7 +70,10 @@ impl EngineCore {
             if !self.seqs.is_empty() {
                 self.step();
             }
-            let stats = self.scheduler.stats();
+            let stats = SchedulerStats {
+                prefill_tokens_per_s: self.prefill_rate.tokens_per_s(),
+                ..self.scheduler.stats()
+            };
             self.metrics.publish(&stats);
             // Every step, so that a worker waiting for room wakes on engine progress.
             self.shared_stats.send_replace(stats);
@@ -174,7 +180,10 @@ impl EngineCore {
                 StepOutcome::Finished(reason) => self.finish(id, reason),
             }
         }
-        self.metrics.step(batch.num_tokens, started.elapsed());
+        let elapsed = started.elapsed();
+        let prefill = prefill_tokens(batch.seqs.iter().map(|s| (s.tokens.len(), s.sample)));
+        self.prefill_rate.record(batch.num_tokens, prefill, elapsed);
+        self.metrics.step(batch.num_tokens, elapsed);
     }
 
     fn finish(&mut self, id: SeqId, reason: FinishReason) {

@@ -31,6 +31,7 @@ impl EngineMetrics {
         gauge!("tidal_requests_waiting").set(stats.num_waiting as f64);
         gauge!("tidal_requests_running").set(stats.num_running as f64);
         gauge!("tidal_kv_cache_usage_ratio").set(stats.kv_usage);
+        gauge!("tidal_prefill_tokens_per_second").set(stats.prefill_tokens_per_s);
         counter!("tidal_prefix_cache_queries_total").absolute(stats.prefix_cache_queries);
         counter!("tidal_prefix_cache_hits_total").absolute(stats.prefix_cache_hits);
         counter!("tidal_preemptions_total").absolute(stats.preemptions);

@@ -7,6 +7,7 @@ mod config;
 mod core;
 mod executor;
 mod metrics;
+mod prefill_rate;
 mod request;
 mod sequence;
 

@@ -291,3 +291,14 @@ fn resume_is_validated() {
     });
     assert!(matches!(engine.submit(req), Err(EngineError::Invalid(_))));
 }
+
+#[test]
+fn prefill_throughput_is_measured_on_prefill_steps() {
+    let (_dir, engine) = tiny_engine(false);
+    assert_eq!(engine.stats().prefill_tokens_per_s, 0.0);
+    // a 9-token prompt is one prefill step; the stats of that step are published before
+    // the next step runs, so well before `Done` three decode steps later
+    run(&engine, greedy(4));
+    let rate = engine.stats().prefill_tokens_per_s;
+    assert!(rate > 0.0 && rate.is_finite(), "{rate}");
+}

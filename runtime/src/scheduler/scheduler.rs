@@ -35,6 +35,10 @@ pub struct SchedulerStats {
     /// Moving average (weight 1/8) of the prompt lengths of the sequences added lately; 0
     /// before the first.
     pub recent_prompt_tokens: usize,
+    /// The engine's measured prefill throughput in tokens per second: a moving average over
+    /// its steps that were mostly prompt work (step tokens over step time). 0 before the
+    /// first prefill step; set by the engine, the scheduler leaves it 0.
+    pub prefill_tokens_per_s: f64,
 }
 
 /// Continuous-batching scheduler over a paged KV cache; see the module docs.
@@ -353,6 +357,7 @@ impl Scheduler {
                 .map(|s| s.num_pending().saturating_sub(1))
                 .sum(),
             recent_prompt_tokens: self.recent_prompt_tokens,
+            prefill_tokens_per_s: 0.0,
         }
     }
 

@@ -3,7 +3,6 @@
 //! the queue path can be compared with the engine alone (`crate::bench::concurrency`) on the
 //! same model and load.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +11,7 @@ use tidal_queue::clock::system_now_ms;
 use tidal_queue::{Broker, Job, QueueError, ResponseEvent};
 use uuid::Uuid;
 
-use super::{Worker, WorkerConfig, WorkerError, WorkerSummary};
+use super::{ClaimBudget, Worker, WorkerConfig, WorkerError, WorkerSummary};
 use crate::server::LoadedModel;
 
 /// Why the benchmark could not run.
@@ -166,6 +165,9 @@ pub async fn bench_worker(
     let model_id = format!("bench-{}", Uuid::now_v7());
     let mut config = WorkerConfig::new(model_id.clone(), "bench-worker");
     config.max_jobs = Some(prompts.len().max(1));
+    // The engine alone gets every request at once; so does the worker, so that the two
+    // differ only by the queue path.
+    config.claim_budget = ClaimBudget::Off;
     config.claim_block = Duration::from_millis(100);
     let (stop, running) = spawn_bench_worker(model, broker.clone(), config)?;
     let started = Instant::now();
@@ -195,8 +197,12 @@ pub async fn bench_worker(
 /// worker's claim rule spreads the burst (`tidal bench scale-up`).
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleUpReport {
-    /// Both workers' prefill budget (`None`: claim whatever slots and KV blocks allow).
-    pub claim_prefill_budget_tokens: Option<NonZeroUsize>,
+    /// Both workers' claim rule ([`ClaimBudget`]'s words: `greedy`, `N prompt tokens`,
+    /// `1s of prefill`).
+    pub claims: String,
+    /// The same, as set.
+    #[serde(skip)]
+    pub claim_budget: ClaimBudget,
     /// Requests, all enqueued at once.
     pub requests: usize,
     /// When the second worker started, after the enqueue.
@@ -213,6 +219,8 @@ pub struct ScaleUpReport {
     pub max_time_to_first_token: Duration,
     /// From the enqueue to the last `done`.
     pub wall_time: Duration,
+    /// Each engine's measured prefill rate at the end (first, second worker), tokens/s.
+    pub prefill_tokens_per_s: [f64; 2],
 }
 
 /// A worker running as a task: the sender stops it (with its drain), the handle gives its
@@ -236,8 +244,8 @@ fn spawn_bench_worker(
 }
 
 /// Enqueues one job per prompt at once while worker `first` is up, starts worker `second`
-/// `second_after` later (a replica of a scale-up becoming ready), both with `budget`, and
-/// reads every response stream to its end.
+/// `second_after` later (a replica of a scale-up becoming ready), both claiming under
+/// `budget`, and reads every response stream to its end.
 pub async fn bench_scale_up(
     first: Arc<LoadedModel>,
     second: Arc<LoadedModel>,
@@ -245,15 +253,16 @@ pub async fn bench_scale_up(
     prompts: &[Vec<u32>],
     max_tokens: usize,
     second_after: Duration,
-    budget: Option<NonZeroUsize>,
+    budget: ClaimBudget,
 ) -> Result<ScaleUpReport, WorkerBenchError> {
     let model_id = format!("bench-{}", Uuid::now_v7());
     let config = |name: &str| {
         let mut c = WorkerConfig::new(model_id.clone(), name);
         c.claim_block = Duration::from_millis(100);
-        c.claim_prefill_budget_tokens = budget;
+        c.claim_budget = budget;
         c
     };
+    let rates = [first.clone(), second.clone()];
     let (stop_first, first_run) = spawn_bench_worker(first, broker.clone(), config("first"))?;
     let started = Instant::now();
     let readers = enqueue_all(&broker, &model_id, prompts, max_tokens, started).await?;
@@ -271,7 +280,8 @@ pub async fn bench_scale_up(
     first_tokens.sort();
     let rank = |q| at_fraction(&first_tokens, q);
     Ok(ScaleUpReport {
-        claim_prefill_budget_tokens: budget,
+        claims: budget.to_string(),
+        claim_budget: budget,
         requests: prompts.len(),
         second_worker_after: second_after,
         claimed_by_first: first_summary.claimed,
@@ -280,5 +290,6 @@ pub async fn bench_scale_up(
         p90_time_to_first_token: rank(0.9),
         max_time_to_first_token: rank(1.0),
         wall_time,
+        prefill_tokens_per_s: rates.map(|m| m.engine.stats().prefill_tokens_per_s),
     })
 }

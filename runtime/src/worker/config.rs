@@ -13,6 +13,41 @@ pub enum WorkerError {
     Config(String),
 }
 
+/// How much prefill work a worker lets itself hold before it leaves new jobs in the queue
+/// for other workers ([`super::capacity::budget_tokens`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimBudget {
+    /// Claim whenever slots and KV blocks allow.
+    Off,
+    /// Claim only while the prompt tokens queued for prefill stay under this many.
+    Tokens(NonZeroUsize),
+    /// Claim only while the queued prefill takes less than this at the engine's measured
+    /// prefill rate (one job at a time until the engine has measured it).
+    Prefill(Duration),
+}
+
+/// The default budget: one second of the engine's own prefill (a time, because a token
+/// count depends on the model and the hardware). In the trace simulator it kept SLO
+/// attainment higher than greedy claims on every run (docs/autoscaling.md); on the runtime
+/// see docs/benchmarks.md, "A burst and a scale-up".
+pub const DEFAULT_CLAIM_BUDGET: ClaimBudget = ClaimBudget::Prefill(Duration::from_secs(1));
+
+impl Default for ClaimBudget {
+    fn default() -> Self {
+        DEFAULT_CLAIM_BUDGET
+    }
+}
+
+impl std::fmt::Display for ClaimBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClaimBudget::Off => write!(f, "greedy"),
+            ClaimBudget::Tokens(n) => write!(f, "{n} prompt tokens"),
+            ClaimBudget::Prefill(d) => write!(f, "{d:?} of prefill"),
+        }
+    }
+}
+
 /// How a worker pulls from its model's queue. Build with [`WorkerConfig::new`] and adjust
 /// the public fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,14 +82,15 @@ pub struct WorkerConfig {
     /// claimed only while the free blocks cover this much for it and every held job that
     /// the engine has not admitted yet.
     pub kv_tokens_per_job: usize,
-    /// Claim only while the prompt tokens queued for prefill stay under this many
-    /// ([`super::capacity::claimable`]); `None`: claim whenever slots and KV blocks allow.
-    pub claim_prefill_budget_tokens: Option<NonZeroUsize>,
+    /// How much queued prefill stops claims ([`super::capacity::claimable`]); default one
+    /// second of the engine's measured prefill.
+    pub claim_budget: ClaimBudget,
 }
 
 impl WorkerConfig {
     /// Defaults: on-demand capacity, 30 s drain and claim timeouts, 5 s heartbeats,
-    /// cancel flags read every 100 ms, claims blocking 500 ms, 256 KV tokens per job.
+    /// cancel flags read every 100 ms, claims blocking 500 ms, 256 KV tokens per job, claims
+    /// under one second of measured prefill ([`DEFAULT_CLAIM_BUDGET`]).
     pub fn new(model_id: impl Into<String>, name: impl Into<String>) -> Self {
         WorkerConfig {
             model_id: model_id.into(),
@@ -69,7 +105,7 @@ impl WorkerConfig {
             claim_block: Duration::from_millis(500),
             max_jobs: None,
             kv_tokens_per_job: 256,
-            claim_prefill_budget_tokens: None,
+            claim_budget: DEFAULT_CLAIM_BUDGET,
         }
     }
 
@@ -115,6 +151,12 @@ impl WorkerConfig {
         if self.kv_tokens_per_job == 0 {
             return bad("KV tokens per job must be at least 1".into());
         }
+        if self.claim_budget == ClaimBudget::Prefill(Duration::ZERO) {
+            // Zero seconds would still claim one job at a time; "no budget" is `Off`.
+            return bad(
+                "a claim prefill budget of zero seconds: use ClaimBudget::Off for none".into(),
+            );
+        }
         Ok(())
     }
 }
@@ -127,6 +169,18 @@ mod tests {
     fn defaults_are_valid_and_derive_intervals_from_the_claim_timeout() {
         let c = WorkerConfig::new("m", "w");
         c.validate().unwrap();
+        assert_eq!(c.claim_budget, ClaimBudget::Prefill(Duration::from_secs(1)));
+        for budget in [
+            ClaimBudget::Off,
+            ClaimBudget::Prefill(Duration::from_millis(1)),
+        ] {
+            WorkerConfig {
+                claim_budget: budget,
+                ..c.clone()
+            }
+            .validate()
+            .unwrap();
+        }
         assert_eq!(c.keep_alive_every(), Duration::from_millis(7500));
         assert_eq!(c.takeover_every(), Duration::from_millis(7500));
         let mut short = c.clone();
@@ -156,6 +210,9 @@ mod tests {
         cases.push(c);
         let mut c = base.clone();
         c.kv_tokens_per_job = 0;
+        cases.push(c);
+        let mut c = base.clone();
+        c.claim_budget = ClaimBudget::Prefill(Duration::ZERO);
         cases.push(c);
         for c in cases {
             assert!(c.validate().is_err(), "{c:?}");

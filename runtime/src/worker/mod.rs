@@ -6,7 +6,8 @@
 //! Shape:
 //! * The claim loop ([`Worker::run`]) claims only while the engine has room
 //!   ([`capacity::claimable`]: free job slots and KV blocks, nothing waiting in the engine,
-//!   and, with a prefill budget, prefill work queued under it),
+//!   and, unless the claim budget is off, prefill work queued under it: by default one
+//!   second at the engine's measured prefill rate),
 //!   and while it has room, scans for jobs of dead workers (idle past the claim timeout).
 //! * One task per held job (`job.rs`) streams it; deltas that pile up while an append is in
 //!   flight are merged into one event, and appends of different jobs pipeline on the
@@ -36,11 +37,10 @@ mod registry;
 pub mod segment;
 pub mod takeover;
 
-pub use config::{WorkerConfig, WorkerError};
+pub use config::{ClaimBudget, WorkerConfig, WorkerError, DEFAULT_CLAIM_BUDGET};
 pub use metrics::{Outcome, WorkerSummary};
 
 use std::future::Future;
-use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,12 +163,13 @@ impl Worker {
         // the loop waits for engine steps rather than the poll (which could leave a fast
         // engine without queued prefill); without one, room comes back when a job ends.
         let mut progress = shared.model.engine.stats_updates();
-        let mut engine_stepping = config.claim_prefill_budget_tokens.is_some();
+        let mut engine_stepping = config.claim_budget != ClaimBudget::Off;
         let blocks_per_job = config.kv_tokens_per_job.div_ceil(block_size);
         tracing::info!(
             model = %config.model_id,
             worker = %config.name,
             max_jobs,
+            claim_budget = %config.claim_budget,
             "worker started"
         );
         loop {
@@ -179,7 +180,7 @@ impl Worker {
                 max_jobs,
                 &stats,
                 blocks_per_job,
-                config.claim_prefill_budget_tokens.map(NonZeroUsize::get),
+                capacity::budget_tokens(&config.claim_budget, &stats),
             );
             if room == 0 {
                 tokio::select! {

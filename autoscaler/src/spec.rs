@@ -179,13 +179,15 @@ impl ScalingSpec {
     /// bursts shorter than that only buys replicas that arrive after the burst; instead the
     /// fleet keeps capacity for the highest demand of the stable window. Stable window and
     /// scale-down delay `5c` (at least 60 s) sized on the window's peak, panic window a tenth
-    /// of the stable window, scale to zero after `10c` (at least 120 s), at most doubling
-    /// per decision.
+    /// of the stable window, scale to zero after `10c` (at least 120 s). The scale-up rate
+    /// stays unlimited: it is relative to ready replicas, which grow only once per cold
+    /// start, so a limit of `r` would let a burst reach `r^k` times the fleet only after
+    /// `k` cold starts (on the CPU trace, 2 cost 0.3-1.8 points of SLO; docs/autoscaling.md).
     pub fn for_cold_start(c: Duration) -> Self {
         Self::default().with_cold_start(c)
     }
 
-    /// This spec with the windows, delays and rates of [`Self::for_cold_start`] (and its
+    /// This spec with the windows and delays of [`Self::for_cold_start`] (and its
     /// `Flat` hold); every other field (bounds, target, capacity, prefill sizing) is kept.
     pub fn with_cold_start(self, c: Duration) -> Self {
         let stable = (c * 5).max(Duration::from_secs(60));
@@ -196,7 +198,6 @@ impl ScalingSpec {
             scale_down_delay: c * 5,
             scale_down_hold: ScaleDownHold::Flat,
             scale_to_zero_after: (c * 10).max(Duration::from_secs(120)),
-            max_scale_up_rate: 2.0,
             ..self
         }
     }
@@ -297,7 +298,10 @@ mod tests {
             (Duration::from_secs(300), Duration::from_secs(600))
         );
         assert_eq!(slow.stable_aggregate, StableAggregate::Max);
-        assert_eq!(slow.max_scale_up_rate, 2.0);
+        assert_eq!(
+            slow.max_scale_up_rate,
+            ScalingSpec::default().max_scale_up_rate
+        );
         slow.validate().unwrap();
         // onto another spec: the preset's windows and hold, that spec's bounds and sizing
         let mine = ScalingSpec {

@@ -17,7 +17,10 @@ fn spec() -> ModelSpec {
 
 #[test]
 fn scaling_maps_every_field() {
-    let got = spec().scaling_spec().unwrap();
+    // the example leaves the scale-up rate unlimited (the default); set one to see it mapped
+    let mut s = spec();
+    s.scaling.max_scale_up_rate = 3.0;
+    let got = s.scaling_spec().unwrap();
     assert_eq!(
         got,
         ScalingSpec {
@@ -30,7 +33,7 @@ fn scaling_maps_every_field() {
             panic_window: Duration::from_secs(12),
             panic_threshold: 2.0,
             scale_down_delay: Duration::from_secs(300),
-            max_scale_up_rate: 2.0,
+            max_scale_up_rate: 3.0,
             max_scale_down_rate: 2.0,
             capacity_mode: P::SpotWithFallback,
             base_on_demand_replicas: 0,

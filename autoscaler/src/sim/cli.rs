@@ -85,10 +85,11 @@ pub struct SimArgs {
     /// Mean length of a spot-unavailable period, seconds.
     #[arg(long, default_value_t = 600.0)]
     pub spot_outage_mean_s: f64,
-    /// Workers claim a job only while their unstarted prefill is below this many seconds
-    /// (default: whenever a sequence slot is free).
-    #[arg(long)]
-    pub claim_prefill_budget_s: Option<f64>,
+    /// Workers claim a job only while their unstarted prefill is below this many seconds,
+    /// as the runtime's workers do by default (`--claim-prefill-budget 1s`); 0: whenever a
+    /// sequence slot is free.
+    #[arg(long, default_value_t = 1.0)]
+    pub claim_prefill_budget_s: f64,
     /// Drain budget of a scaled-down replica, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub drain_s: f64,
@@ -266,7 +267,13 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         sample_ms: (horizon / 600).max(1000),
         seed: args.seed,
         max_overrun_ms: 2 * 3_600_000,
-        claim_prefill_budget_s: args.claim_prefill_budget_s,
+        claim_prefill_budget_s: match args.claim_prefill_budget_s {
+            b if b > 0.0 && b.is_finite() => Some(b),
+            0.0 => None,
+            b => anyhow::bail!(
+                "--claim-prefill-budget-s must be 0 (off) or a positive number of seconds, not {b}"
+            ),
+        },
     };
     Ok(SimConfig {
         requests: reqs,
@@ -359,4 +366,41 @@ pub fn render_text(r: &SimReport) -> String {
     }
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        sim: SimArgs,
+    }
+
+    fn config_of(extra: &[&str]) -> anyhow::Result<SimConfig> {
+        let base = ["sim", "--synthetic", "--syn-duration-s", "60"];
+        let cli = Cli::try_parse_from(base.iter().chain(extra))?;
+        config(&cli.sim)
+    }
+
+    #[test]
+    fn workers_claim_under_a_one_second_prefill_budget_unless_told_otherwise() {
+        // the runtime's default (`--claim-prefill-budget 1s`)
+        let default = config_of(&[]).unwrap();
+        assert_eq!(default.fleet.claim_prefill_budget_s, Some(1.0));
+        let set = config_of(&["--claim-prefill-budget-s", "2.5"]).unwrap();
+        assert_eq!(set.fleet.claim_prefill_budget_s, Some(2.5));
+        let greedy = config_of(&["--claim-prefill-budget-s", "0"]).unwrap();
+        assert_eq!(greedy.fleet.claim_prefill_budget_s, None);
+        for bad in ["-1", "inf", "NaN"] {
+            let flag = format!("--claim-prefill-budget-s={bad}");
+            let err = config_of(&[flag.as_str()]).unwrap_err();
+            assert!(
+                err.to_string().contains("--claim-prefill-budget-s"),
+                "{bad}: {err}"
+            );
+        }
+    }
 }

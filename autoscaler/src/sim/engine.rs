@@ -240,10 +240,20 @@ impl Sim<'_> {
             .cfg
             .claim_prefill_budget_s
             .map(|s| s * self.cfg.profile.prefill_tokens_per_s);
+        // Before its first prefill step a worker has not measured its rate: it claims one
+        // job at a time (the runtime's `capacity::budget_tokens`).
         let has_room = |r: &Replica| {
+            let queued = || r.seqs.iter().map(|j| j.prefill_left).sum::<f64>();
             r.claims()
                 && r.seqs.len() < max
-                && budget.is_none_or(|b| r.seqs.iter().map(|j| j.prefill_left).sum::<f64>() < b)
+                && budget.is_none_or(|b| {
+                    let q = queued();
+                    if r.prefilled {
+                        q < b
+                    } else {
+                        q == 0.0
+                    }
+                })
         };
         while !self.queue.is_empty() {
             let pick = (0..self.replicas.len())

@@ -82,6 +82,9 @@ pub struct Replica {
     pub interrupt_at_ms: Option<u64>,
     /// Its node shows an interruption signal.
     pub noticed: bool,
+    /// It has run a prefill step, so its worker knows its prefill rate (a worker under a
+    /// claim budget in seconds claims one job at a time until then).
+    pub prefilled: bool,
 }
 
 /// What happened to jobs during one service step.
@@ -103,6 +106,7 @@ impl Replica {
             seqs: Vec::new(),
             interrupt_at_ms: None,
             noticed: false,
+            prefilled: false,
         }
     }
 
@@ -152,6 +156,7 @@ impl Replica {
                 }
             }
         }
+        self.prefilled |= used > 0.0;
         let decoding = self.seqs.iter().filter(|j| j.prefill_left == 0.0).count() as u32;
         let left = dt - used;
         if decoding > 0 && left > 0.0 {

@@ -681,3 +681,27 @@ fn prefill_budget_leaves_work_in_the_queue_for_other_replicas() {
     assert_eq!(greedy.queue_wait_ms, vec![Some(0), Some(0), Some(0)]);
     assert_eq!(greedy.ttft_ms, vec![Some(1_000), Some(1_000), Some(2_000)]);
 }
+
+#[test]
+fn an_unmeasured_worker_claims_one_job_at_a_time() {
+    // a 5 s budget (5,000 tokens) holds both 1,000-token prompts, but a replica that has not
+    // run a prefill step yet does not know its rate: it claims one, and the second once its
+    // first step has measured the rate (100 ms later); a later burst it claims at once
+    let mut f = fleet(tiny_profile());
+    f.claim_prefill_budget_s = Some(5.0);
+    let req = |arrival_ms| Request {
+        arrival_ms,
+        prompt_tokens: 1000,
+        generated_tokens: 1,
+    };
+    let reqs = vec![req(0), req(0), req(10_000), req(10_000)];
+    let run = run_policy(&reqs, &f, &mut AlwaysOn::new(1));
+    assert_eq!(
+        run.queue_wait_ms,
+        vec![Some(0), Some(100), Some(0), Some(0)]
+    );
+    assert_eq!(
+        run.ttft_ms,
+        vec![Some(1_000), Some(2_000), Some(1_000), Some(2_000)]
+    );
+}

@@ -4,6 +4,7 @@
 //! 60 s, panic window 6 s = 10 % of it, panic threshold 200 %, max scale-up rate 1000, max
 //! scale-down rate 2); serde uses camelCase so the CRD crate can embed these types unchanged.
 
+use crate::schedule::{scheduled_floor, FloorWindow, MINUTES_PER_DAY};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use thiserror::Error;
@@ -99,6 +100,9 @@ pub struct ScalingSpec {
     /// requests' TTFT slack before the prefill sizing adds a replica: a short overflow of
     /// one replica should not buy a second one held for the whole stable window.
     pub prefill_tolerance_replicas: f64,
+    /// Floors by time of day (UTC) that raise `minReplicas` while they hold
+    /// ([`Self::at_wall_clock`]); empty: `minReplicas` all day.
+    pub floor_schedule: Vec<FloorWindow>,
 }
 
 impl Default for ScalingSpec {
@@ -123,6 +127,7 @@ impl Default for ScalingSpec {
             ttft_target: Duration::from_secs(2),
             prefill_utilisation: 0.75,
             prefill_tolerance_replicas: 1.2,
+            floor_schedule: Vec::new(),
         }
     }
 }
@@ -163,6 +168,14 @@ pub enum SpecError {
     /// Prefill sizing needs a TTFT target to size for.
     #[error("ttftTarget must be above zero when prefillTokensPerSecond is set")]
     NoTtftTarget,
+    /// A scheduled floor that cannot hold or exceeds `maxReplicas`.
+    #[error("floorSchedule[{index}]: {why}")]
+    FloorWindow {
+        /// position in `floorSchedule`
+        index: usize,
+        /// what is wrong with it
+        why: String,
+    },
     /// Scale-up/down rates below 1 would forbid moving in that direction at all.
     #[error("{field} must be at least 1.0, got {value}")]
     RateBelowOne {
@@ -246,7 +259,40 @@ impl ScalingSpec {
         if self.prefill_tokens_per_second > 0.0 && self.ttft_target.is_zero() {
             return Err(SpecError::NoTtftTarget);
         }
+        for (index, w) in self.floor_schedule.iter().enumerate() {
+            let bad = |why: String| Err(SpecError::FloorWindow { index, why });
+            if w.days == 0 || w.days > crate::schedule::EVERY_DAY {
+                return bad(format!(
+                    "days mask {:#b} names no day or a day past Sunday",
+                    w.days
+                ));
+            }
+            if w.start_minute >= MINUTES_PER_DAY || w.end_minute >= MINUTES_PER_DAY {
+                return bad("start and end must be minutes of a day (0 to 1439)".into());
+            }
+            if w.min_replicas > self.max_replicas {
+                return bad(format!(
+                    "minReplicas ({}) is greater than maxReplicas ({})",
+                    w.min_replicas, self.max_replicas
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// This spec as it holds at wall-clock time `unix_secs` (seconds since the Unix epoch):
+    /// `minReplicas` raised to the floor of the `floorSchedule` windows that hold then. The
+    /// caller that knows the wall clock (the controller) applies it before [`crate::decide`],
+    /// whose own clock need only be monotonic.
+    pub fn at_wall_clock(&self, unix_secs: u64) -> std::borrow::Cow<'_, ScalingSpec> {
+        let floor = scheduled_floor(&self.floor_schedule, unix_secs);
+        if floor <= self.min_replicas {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        std::borrow::Cow::Owned(ScalingSpec {
+            min_replicas: floor,
+            ..self.clone()
+        })
     }
 }
 
@@ -320,6 +366,83 @@ mod tests {
                 ..slow
             }
         );
+    }
+
+    #[test]
+    fn a_floor_schedule_raises_min_replicas_while_a_window_holds() {
+        use crate::schedule::FloorWindow;
+        // weekdays 08:00-18:00 UTC at 6; 2026-11-30 was a Monday
+        let monday = 1_795_996_800;
+        let spec = ScalingSpec {
+            min_replicas: 1,
+            floor_schedule: vec![FloorWindow {
+                days: 0b001_1111,
+                start_minute: 8 * 60,
+                end_minute: 18 * 60,
+                min_replicas: 6,
+            }],
+            ..ScalingSpec::default()
+        };
+        spec.validate().unwrap();
+        assert_eq!(spec.at_wall_clock(monday + 9 * 3600).min_replicas, 6);
+        assert_eq!(spec.at_wall_clock(monday + 19 * 3600).min_replicas, 1);
+        // Saturday 09:00
+        assert_eq!(
+            spec.at_wall_clock(monday + 5 * 86_400 + 9 * 3600)
+                .min_replicas,
+            1
+        );
+        // a floor below minReplicas changes nothing
+        let high = ScalingSpec {
+            min_replicas: 8,
+            ..spec.clone()
+        };
+        assert_eq!(high.at_wall_clock(monday + 9 * 3600).min_replicas, 8);
+        // everything else is the spec's own
+        let at_nine = spec.at_wall_clock(monday + 9 * 3600).into_owned();
+        assert_eq!(
+            at_nine,
+            ScalingSpec {
+                min_replicas: 6,
+                ..spec.clone()
+            }
+        );
+        // windows that cannot hold, or ask for more than maxReplicas, are refused
+        let window = spec.floor_schedule[0];
+        for (bad, why) in [
+            (FloorWindow { days: 0, ..window }, "names no day"),
+            (
+                FloorWindow {
+                    days: 0x80,
+                    ..window
+                },
+                "past Sunday",
+            ),
+            (
+                FloorWindow {
+                    end_minute: 1440,
+                    ..window
+                },
+                "minutes of a day",
+            ),
+            (
+                FloorWindow {
+                    min_replicas: 11,
+                    ..window
+                },
+                "minReplicas (11) is greater than maxReplicas (10)",
+            ),
+        ] {
+            let spec = ScalingSpec {
+                floor_schedule: vec![window, bad],
+                ..spec.clone()
+            };
+            let err = spec.validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with("floorSchedule[1]: ") && err.contains(why),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -363,7 +363,9 @@ async fn tick(
     let decision = match (&mem.decision, due) {
         (Some(previous), false) => previous.clone(),
         _ => {
-            let d = decide(&observed, scaling, &mut mem.policy, epoch(now));
+            // The floor schedule is by wall-clock time, which only the controller knows.
+            let scaling = scaling.at_wall_clock(epoch(now).as_secs());
+            let d = decide(&observed, &scaling, &mut mem.policy, epoch(now));
             mem.decided_at = Some(now);
             telemetry::record(&id, &observed, &d);
             d

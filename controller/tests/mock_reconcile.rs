@@ -289,6 +289,43 @@ async fn long_prompts_scale_on_their_tokens() {
     assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
 }
 
+/// A `floorSchedule` window raises the floor when the wall clock enters it: idle at 12:00
+/// UTC (the window starts at 13:00), two replicas at 13:00 with nothing queued.
+#[tokio::test]
+async fn a_scheduled_floor_starts_replicas_when_its_window_opens() {
+    let mut h = Harness::new().await;
+    let mut m = model("small", true);
+    // T0 is Monday 2026-11-30 12:00 UTC
+    m.spec.scaling.floor_schedule = vec![tidal_crds::ScheduledFloor {
+        days: vec![tidal_crds::Weekday::Mon],
+        start: "13:00".into(),
+        end: "18:00".into(),
+        min_replicas: 2,
+    }];
+    let m = Arc::new(m);
+    first_reconcile_of_an_idle_model(&mut h, &m).await;
+    h.advance(Duration::from_secs(3600));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let r = next(&mut h.handle).await;
+    assert_eq!(
+        r.path,
+        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
+    );
+    assert_eq!(r.body, json!({"spec": {"replicas": 2}}));
+    r.reply(
+        200,
+        &serde_json::to_value(deployment_in_cluster(&m, CapacityType::OnDemand, 2)).unwrap(),
+    );
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.body["reason"], "ScaledUp");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    let status = expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["onDemand"], json!({"desired": 2, "ready": 0}));
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
 #[tokio::test]
 async fn a_new_model_gets_the_finaliser_first() {
     let mut h = Harness::new().await;

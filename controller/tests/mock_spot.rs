@@ -107,7 +107,11 @@ async fn expect_tick(
 #[tokio::test]
 async fn pending_spot_falls_back_recovers_and_interruption_falls_back_again() {
     let mut h = Harness::new().await;
-    let m = Arc::new(model("llama", true));
+    let mut m = model("llama", true);
+    // the example's office-hours floor holds at T0 (Monday 12:00 UTC); this test follows the
+    // demand of its own jobs
+    m.spec.scaling.floor_schedule.clear();
+    let m = Arc::new(m);
     for _ in 0..3 {
         h.broker
             .enqueue(&Job {

@@ -12,7 +12,8 @@ pub mod status;
 pub use mapping::{InvalidSpec, Source};
 pub use spec::{
     Capacity, CapacityMode, CapacityPool, Model, ModelSource, ModelSpec, Pricing, Quantisation,
-    Resources, RuntimeSettings, ScaleDownHold, Scaling, SecretKeyRef, StableAggregate,
+    Resources, RuntimeSettings, ScaleDownHold, Scaling, ScheduledFloor, SecretKeyRef,
+    StableAggregate, Weekday,
 };
 pub use status::{CapacityStatus, ModelStatus, Phase};
 

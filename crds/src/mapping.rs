@@ -5,12 +5,15 @@
 use std::time::Duration;
 
 use thiserror::Error;
+use tidal_autoscaler::schedule::EVERY_DAY;
 use tidal_autoscaler::{
-    CapacityMode as PolicyMode, ScaleDownHold as PolicyHold, ScalingSpec, SpecError,
+    CapacityMode as PolicyMode, FloorWindow, ScaleDownHold as PolicyHold, ScalingSpec, SpecError,
     StableAggregate,
 };
 
-use crate::spec::{CapacityMode, ModelSpec, ScaleDownHold, StableAggregate as SpecAggregate};
+use crate::spec::{
+    CapacityMode, ModelSpec, ScaleDownHold, ScheduledFloor, StableAggregate as SpecAggregate,
+};
 
 /// Why a spec cannot be acted on.
 #[derive(Debug, Error, PartialEq)]
@@ -32,6 +35,14 @@ pub enum InvalidSpec {
     /// A price is negative.
     #[error("pricing: {0} must not be negative")]
     NegativePrice(&'static str),
+    /// A `floorSchedule` time is not "HH:MM".
+    #[error("floorSchedule[{index}]: {time:?} is not a time of day as HH:MM (UTC)")]
+    FloorTime {
+        /// position in `floorSchedule`
+        index: usize,
+        /// the offending value
+        time: String,
+    },
 }
 
 /// Where the weights come from, parsed.
@@ -138,6 +149,12 @@ impl ModelSpec {
             fallback_after: secs(c.fallback_after_seconds),
             prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
             ttft_target: Duration::from_millis(u64::from(s.ttft_target_milliseconds)),
+            floor_schedule: s
+                .floor_schedule
+                .iter()
+                .enumerate()
+                .map(|(index, w)| floor_window(index, w))
+                .collect::<Result<_, _>>()?,
             ..ScalingSpec::default()
         };
         spec.validate()?;
@@ -224,4 +241,35 @@ impl ModelSpec {
 
 fn secs(s: u32) -> Duration {
     Duration::from_secs(u64::from(s))
+}
+
+/// One `floorSchedule` entry as the policy reads it: days as a mask (none listed: every day),
+/// times as minutes after midnight UTC.
+fn floor_window(index: usize, w: &ScheduledFloor) -> Result<FloorWindow, InvalidSpec> {
+    let minute = |time: &str| {
+        let bad = || InvalidSpec::FloorTime {
+            index,
+            time: time.to_string(),
+        };
+        let (h, m) = time.split_once(':').ok_or_else(bad)?;
+        let two_digits = |x: &str| x.len() == 2 && x.bytes().all(|b| b.is_ascii_digit());
+        if !(two_digits(h) && two_digits(m)) {
+            return Err(bad());
+        }
+        let (h, m): (u16, u16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
+        if h > 23 || m > 59 {
+            return Err(bad());
+        }
+        Ok(h * 60 + m)
+    };
+    let days = match w.days.as_slice() {
+        [] => EVERY_DAY,
+        days => days.iter().fold(0, |mask, d| mask | 1 << (*d as u8)),
+    };
+    Ok(FloorWindow {
+        days,
+        start_minute: minute(&w.start)?,
+        end_minute: minute(&w.end)?,
+        min_replicas: w.min_replicas,
+    })
 }

@@ -253,6 +253,7 @@ pub enum StableAggregate {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
 #[x_kube(validation = kube::core::Rule::new("self.panicWindowSeconds <= self.stableWindowSeconds").message("panicWindowSeconds must not exceed stableWindowSeconds"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.floorSchedule) || self.floorSchedule.all(w, w.minReplicas <= self.maxReplicas)").message("floorSchedule minReplicas must not exceed maxReplicas"))]
 pub struct Scaling {
     /// Fewest serving replicas; 0 allows scale to zero.
     #[serde(default)]
@@ -319,6 +320,51 @@ pub struct Scaling {
     #[serde(default = "default_max_backlog")]
     #[schemars(range(min = 1, max = 10000000))]
     pub max_backlog: u32,
+    /// Floors by time of day (UTC): while a window holds, `minReplicas` is raised to its
+    /// `minReplicas` (the highest of the windows that hold), so the first burst of a busy
+    /// period finds replicas Ready instead of waiting a cold start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub floor_schedule: Vec<ScheduledFloor>,
+}
+
+/// A day of the week.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weekday {
+    /// Monday
+    Mon,
+    /// Tuesday
+    Tue,
+    /// Wednesday
+    Wed,
+    /// Thursday
+    Thu,
+    /// Friday
+    Fri,
+    /// Saturday
+    Sat,
+    /// Sunday
+    Sun,
+}
+
+/// A floor of replicas from `start` to `end` (UTC, "HH:MM") on `days`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledFloor {
+    /// Days the window starts on; empty or absent: every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub days: Vec<Weekday>,
+    /// First minute of the window, "HH:MM" UTC.
+    #[schemars(pattern(r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub start: String,
+    /// End of the window (exclusive), "HH:MM" UTC; at or before `start`, the window runs past
+    /// midnight into the next day.
+    #[schemars(pattern(r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub end: String,
+    /// Replicas kept serving while the window holds.
+    #[schemars(range(max = 1000))]
+    pub min_replicas: u32,
 }
 
 fn default_max_replicas() -> u32 {
@@ -374,6 +420,7 @@ impl Default for Scaling {
             ttft_target_milliseconds: default_ttft_target(),
             max_queue_wait_seconds: default_max_queue_wait(),
             max_backlog: default_max_backlog(),
+            floor_schedule: Vec::new(),
         }
     }
 }

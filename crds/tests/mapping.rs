@@ -40,6 +40,12 @@ fn scaling_maps_every_field() {
             fallback_after: Duration::from_secs(60),
             prefill_tokens_per_second: 4000.0,
             ttft_target: Duration::from_secs(2),
+            floor_schedule: vec![tidal_autoscaler::FloorWindow {
+                days: 0b001_1111,
+                start_minute: 7 * 60 + 30,
+                end_minute: 19 * 60,
+                min_replicas: 2,
+            }],
             ..ScalingSpec::default()
         }
     );
@@ -175,4 +181,68 @@ fn bad_sources_are_rejected() {
             "{uri} {sha:?}"
         );
     }
+}
+
+#[test]
+fn floor_schedule_maps_days_and_times() {
+    use tidal_autoscaler::FloorWindow;
+    use tidal_crds::{ScheduledFloor, Weekday};
+    let mut s = spec();
+    let window = |days: Vec<Weekday>, start: &str, end: &str, min_replicas| ScheduledFloor {
+        days,
+        start: start.into(),
+        end: end.into(),
+        min_replicas,
+    };
+    s.scaling.floor_schedule = vec![
+        window(vec![Weekday::Mon, Weekday::Fri], "08:00", "18:30", 4),
+        window(vec![], "22:15", "02:00", 1),
+        window(vec![Weekday::Sun], "00:00", "23:59", 8),
+    ];
+    assert_eq!(
+        s.scaling_spec().unwrap().floor_schedule,
+        vec![
+            FloorWindow {
+                days: 0b001_0001,
+                start_minute: 480,
+                end_minute: 1110,
+                min_replicas: 4
+            },
+            FloorWindow {
+                days: 0b111_1111,
+                start_minute: 1335,
+                end_minute: 120,
+                min_replicas: 1
+            },
+            FloorWindow {
+                days: 0b100_0000,
+                start_minute: 0,
+                end_minute: 1439,
+                min_replicas: 8
+            },
+        ]
+    );
+    for time in [
+        "8:00", "24:00", "12:60", "ab:cd", "1200", "12:00:00", "+1:00",
+    ] {
+        s.scaling.floor_schedule = vec![window(vec![], "06:00", time, 1)];
+        assert_eq!(
+            s.scaling_spec(),
+            Err(InvalidSpec::FloorTime {
+                index: 0,
+                time: time.into()
+            }),
+            "{time}"
+        );
+    }
+    // a window above maxReplicas (8 in the example)
+    s.scaling.floor_schedule = vec![
+        window(vec![], "06:00", "07:00", 1),
+        window(vec![], "06:00", "07:00", 9),
+    ];
+    let err = s.scaling_spec().unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "floorSchedule[1]: minReplicas (9) is greater than maxReplicas (8)"
+    );
 }

@@ -148,6 +148,22 @@ fn schema_carries_validation() {
         rules.contains(&"self.minReplicas <= self.maxReplicas"),
         "{rules:?}"
     );
+    assert!(
+        rules.contains(
+            &"!has(self.floorSchedule) || self.floorSchedule.all(w, w.minReplicas <= self.maxReplicas)"
+        ),
+        "{rules:?}"
+    );
+    let floor = &scaling["properties"]["floorSchedule"]["items"];
+    assert_eq!(floor["required"], json!(["end", "minReplicas", "start"]));
+    assert_eq!(
+        floor["properties"]["start"]["pattern"],
+        "^([01][0-9]|2[0-3]):[0-5][0-9]$"
+    );
+    assert_eq!(
+        floor["properties"]["days"]["items"]["enum"],
+        json!(["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"])
+    );
     let mode = &spec["properties"]["capacity"]["properties"]["mode"];
     assert_eq!(
         mode["enum"],

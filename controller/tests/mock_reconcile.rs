@@ -242,6 +242,34 @@ async fn first_reconcile_of_an_idle_model(h: &mut Harness, m: &Arc<Model>) {
     h.add_deployment(deployment_in_cluster(m, CapacityType::OnDemand, 0));
 }
 
+/// A reconcile (`task`) that scales the on-demand Deployment of an idle model up to
+/// `replicas`: the replicas patch, the `ScaledUp` event and the status, then nothing more.
+async fn expect_on_demand_scale_up(
+    h: &mut Harness,
+    m: &Arc<Model>,
+    task: tokio::task::JoinHandle<Result<Action, Error>>,
+    replicas: u32,
+) {
+    let r = next(&mut h.handle).await;
+    assert_eq!(
+        r.path,
+        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
+    );
+    assert_eq!(r.body, json!({"spec": {"replicas": replicas}}));
+    r.reply(
+        200,
+        &serde_json::to_value(deployment_in_cluster(m, CapacityType::OnDemand, replicas)).unwrap(),
+    );
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.body["reason"], "ScaledUp");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    let status = expect_status(h, m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["onDemand"], json!({"desired": replicas, "ready": 0}));
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
 /// With `prefillTokensPerSecond` set, the prompt tokens the broker counted reach the policy:
 /// two long prompts get the replicas their tokens need, not the one their count asks for.
 #[tokio::test]
@@ -269,24 +297,7 @@ async fn long_prompts_scale_on_their_tokens() {
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
     // 6,000 tokens / 1,500 per replica - 1.2 tolerance = 2.8: 3 replicas (2 requests at 4
     // per replica alone would be 1)
-    let r = next(&mut h.handle).await;
-    assert_eq!(
-        r.path,
-        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
-    );
-    assert_eq!(r.body, json!({"spec": {"replicas": 3}}));
-    r.reply(
-        200,
-        &serde_json::to_value(deployment_in_cluster(&m, CapacityType::OnDemand, 3)).unwrap(),
-    );
-    let ev = next(&mut h.handle).await;
-    assert_eq!(ev.body["reason"], "ScaledUp");
-    let body = ev.body.clone();
-    ev.reply(201, &body);
-    let status = expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
-    assert_eq!(status["onDemand"], json!({"desired": 3, "ready": 0}));
-    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    expect_on_demand_scale_up(&mut h, &m, task, 3).await;
 }
 
 /// A `floorSchedule` window raises the floor when the wall clock enters it: idle at 12:00
@@ -306,24 +317,7 @@ async fn a_scheduled_floor_starts_replicas_when_its_window_opens() {
     first_reconcile_of_an_idle_model(&mut h, &m).await;
     h.advance(Duration::from_secs(3600));
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    let r = next(&mut h.handle).await;
-    assert_eq!(
-        r.path,
-        format!("/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-ondemand")
-    );
-    assert_eq!(r.body, json!({"spec": {"replicas": 2}}));
-    r.reply(
-        200,
-        &serde_json::to_value(deployment_in_cluster(&m, CapacityType::OnDemand, 2)).unwrap(),
-    );
-    let ev = next(&mut h.handle).await;
-    assert_eq!(ev.body["reason"], "ScaledUp");
-    let body = ev.body.clone();
-    ev.reply(201, &body);
-    let status = expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
-    assert_eq!(status["onDemand"], json!({"desired": 2, "ready": 0}));
-    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    expect_on_demand_scale_up(&mut h, &m, task, 2).await;
 }
 
 #[tokio::test]

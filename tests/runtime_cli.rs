@@ -99,22 +99,28 @@ fn runtime_serves_and_exports_metrics() {
     );
 }
 
+/// Runs `tidal <command>` on a model file that does not exist with `flags`, expects it to
+/// refuse them before loading anything, and returns what it printed on stderr.
+fn refuses(command: &str, flags: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args([command, "--model", "unused.gguf"])
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{command} {flags:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// [`refuses`] for `tidal up`.
+fn up_refuses(flags: &[&str]) -> String {
+    refuses("up", flags)
+}
+
 #[test]
 fn a_zero_claim_prefill_budget_is_refused() {
     // a budget of 0 tokens could never claim: both commands that take it refuse it up front
     for command in ["runtime", "up"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args([
-                command,
-                "--model",
-                "unused.gguf",
-                "--claim-prefill-budget-tokens",
-                "0",
-            ])
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{command}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = refuses(command, &["--claim-prefill-budget-tokens", "0"]);
         assert!(
             stderr.contains("--claim-prefill-budget-tokens") && stderr.contains("zero"),
             "{command}: {stderr}"
@@ -130,36 +136,13 @@ fn a_bad_claim_prefill_budget_duration_is_refused() {
             ("soon", "not a duration"),
             ("1 parsec", "unknown duration unit"),
         ] {
-            let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-                .args([
-                    command,
-                    "--model",
-                    "unused.gguf",
-                    "--claim-prefill-budget",
-                    value,
-                ])
-                .output()
-                .unwrap();
-            assert!(!out.status.success(), "{command} {value}");
-            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stderr = refuses(command, &["--claim-prefill-budget", value]);
             assert!(
                 stderr.contains("--claim-prefill-budget") && stderr.contains(why),
                 "{command} {value}: {stderr}"
             );
         }
     }
-}
-
-/// Runs `tidal up` on a model file that does not exist with `flags`, expects it to refuse
-/// them before loading anything, and returns what it printed on stderr.
-fn up_refuses(flags: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
-        .args(["up", "--model", "unused.gguf"])
-        .args(flags)
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "{flags:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]

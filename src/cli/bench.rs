@@ -438,7 +438,7 @@ fn bench_scale_up(
 fn scale_up_table(reports: &[ScaleUpReport]) -> String {
     let width = reports
         .iter()
-        .map(|r| r.claims.len())
+        .map(|r| r.claim_budget.to_string().len())
         .max()
         .unwrap_or(0)
         .max(6);
@@ -450,7 +450,7 @@ fn scale_up_table(reports: &[ScaleUpReport]) -> String {
         let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
         out.push_str(&format!(
             "{:width$}  {:>5} / {:<4}  {:>11}  {:>8}  {:>7}  {:.0} / {:.0}\n",
-            r.claims,
+            r.claim_budget.to_string(),
             r.claimed_by_first,
             r.claimed_by_second,
             s(r.median_time_to_first_token),

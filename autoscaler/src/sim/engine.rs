@@ -240,20 +240,12 @@ impl Sim<'_> {
             .cfg
             .claim_prefill_budget_s
             .map(|s| s * self.cfg.profile.prefill_tokens_per_s);
-        // Before its first prefill step a worker has not measured its rate: it claims one
-        // job at a time (the runtime's `capacity::budget_tokens`).
         let has_room = |r: &Replica| {
+            // Before its first prefill step a worker has no measured rate: its budget is the
+            // least there is, one job at a time (the runtime's `capacity::budget_tokens`).
+            let limit = |b: f64| if r.prefilled { b } else { f64::MIN_POSITIVE };
             let queued = || r.seqs.iter().map(|j| j.prefill_left).sum::<f64>();
-            r.claims()
-                && r.seqs.len() < max
-                && budget.is_none_or(|b| {
-                    let q = queued();
-                    if r.prefilled {
-                        q < b
-                    } else {
-                        q == 0.0
-                    }
-                })
+            r.claims() && r.seqs.len() < max && budget.is_none_or(|b| queued() < limit(b))
         };
         while !self.queue.is_empty() {
             let pick = (0..self.replicas.len())

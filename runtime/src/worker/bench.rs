@@ -197,11 +197,7 @@ pub async fn bench_worker(
 /// worker's claim rule spreads the burst (`tidal bench scale-up`).
 #[derive(Debug, Clone, Serialize)]
 pub struct ScaleUpReport {
-    /// Both workers' claim rule ([`ClaimBudget`]'s words: `greedy`, `N prompt tokens`,
-    /// `1s of prefill`).
-    pub claims: String,
-    /// The same, as set.
-    #[serde(skip)]
+    /// Both workers' claim rule.
     pub claim_budget: ClaimBudget,
     /// Requests, all enqueued at once.
     pub requests: usize,
@@ -280,7 +276,6 @@ pub async fn bench_scale_up(
     first_tokens.sort();
     let rank = |q| at_fraction(&first_tokens, q);
     Ok(ScaleUpReport {
-        claims: budget.to_string(),
         claim_budget: budget,
         requests: prompts.len(),
         second_worker_after: second_after,

@@ -38,6 +38,14 @@ impl Default for ClaimBudget {
     }
 }
 
+/// In reports (`tidal bench scale-up`), as its words: `greedy`, `N prompt tokens`,
+/// `1s of prefill`.
+impl serde::Serialize for ClaimBudget {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 impl std::fmt::Display for ClaimBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -170,6 +178,14 @@ mod tests {
         let c = WorkerConfig::new("m", "w");
         c.validate().unwrap();
         assert_eq!(c.claim_budget, ClaimBudget::Prefill(Duration::from_secs(1)));
+        // reports show the rule in words
+        let words = |b: ClaimBudget| serde_json::to_value(b).unwrap();
+        assert_eq!(words(c.claim_budget), "1s of prefill");
+        assert_eq!(words(ClaimBudget::Off), "greedy");
+        assert_eq!(
+            words(ClaimBudget::Tokens(NonZeroUsize::new(1469).unwrap())),
+            "1469 prompt tokens"
+        );
         for budget in [
             ClaimBudget::Off,
             ClaimBudget::Prefill(Duration::from_millis(1)),

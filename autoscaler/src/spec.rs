@@ -100,8 +100,8 @@ pub struct ScalingSpec {
     /// requests' TTFT slack before the prefill sizing adds a replica: a short overflow of
     /// one replica should not buy a second one held for the whole stable window.
     pub prefill_tolerance_replicas: f64,
-    /// Floors by time of day (UTC) that raise `minReplicas` while they hold
-    /// ([`Self::at_wall_clock`]); empty: `minReplicas` all day.
+    /// Floors by time of day (each on the clock of its time zone) that raise `minReplicas`
+    /// while they hold ([`Self::at_wall_clock`]); empty: `minReplicas` all day.
     pub floor_schedule: Vec<FloorWindow>,
 }
 
@@ -380,6 +380,7 @@ mod tests {
                 start_minute: 8 * 60,
                 end_minute: 18 * 60,
                 min_replicas: 6,
+                time_zone: chrono_tz::Tz::UTC,
             }],
             ..ScalingSpec::default()
         };
@@ -461,6 +462,24 @@ mod tests {
         assert_eq!(spec.scale_down_hold, ScaleDownHold::Flat);
         let held: ScalingSpec = serde_json::from_str(r#"{"scaleDownHold": "PerLevel"}"#).unwrap();
         assert_eq!(held.scale_down_hold, ScaleDownHold::PerLevel);
+        // a floor window's zone is an IANA name, UTC when left out
+        let floors: ScalingSpec = serde_json::from_str(
+            r#"{"floorSchedule": [
+                {"days": 31, "startMinute": 480, "endMinute": 1080, "minReplicas": 2,
+                 "timeZone": "America/Sao_Paulo"},
+                {"days": 96, "startMinute": 0, "endMinute": 0, "minReplicas": 1}]}"#,
+        )
+        .unwrap();
+        let zones: Vec<_> = floors.floor_schedule.iter().map(|w| w.time_zone).collect();
+        assert_eq!(
+            zones,
+            [chrono_tz::Tz::America__Sao_Paulo, chrono_tz::Tz::UTC]
+        );
+        assert!(serde_json::from_str::<ScalingSpec>(
+            r#"{"floorSchedule": [{"days": 1, "startMinute": 0, "endMinute": 60,
+                "minReplicas": 1, "timeZone": "Mars/Olympus_Mons"}]}"#
+        )
+        .is_err());
     }
 
     #[test]

@@ -15,6 +15,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Client, Resource};
 use thiserror::Error;
+use tidal_autoscaler::schedule::TZ_DATABASE;
 use tidal_billing::Ledger;
 use tidal_crds::Model;
 use tidal_queue::{BrokerConfig, RedisBroker};
@@ -169,7 +170,7 @@ pub async fn run(
             addr: cfg.metrics_listen,
             source,
         })?;
-    tracing::info!(addr = %cfg.metrics_listen, %identity, lease = %cfg.lease_name, "controller listening; waiting for leadership");
+    tracing::info!(addr = %cfg.metrics_listen, %identity, lease = %cfg.lease_name, tz_database = TZ_DATABASE, "controller listening; waiting for leadership");
     tokio::spawn(axum::serve(listener, router(leading.clone(), render)).into_future());
 
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));

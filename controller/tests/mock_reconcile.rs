@@ -300,18 +300,20 @@ async fn long_prompts_scale_on_their_tokens() {
     expect_on_demand_scale_up(&mut h, &m, task, 3).await;
 }
 
-/// A `floorSchedule` window raises the floor when the wall clock enters it: idle at 12:00
-/// UTC (the window starts at 13:00), two replicas at 13:00 with nothing queued.
+/// A `floorSchedule` window raises the floor when the wall clock enters it, on the clock of
+/// its time zone: idle at 12:00 UTC (13:00 in Berlin; the window starts at 14:00 there), two
+/// replicas at 13:00 UTC with nothing queued.
 #[tokio::test]
 async fn a_scheduled_floor_starts_replicas_when_its_window_opens() {
     let mut h = Harness::new().await;
     let mut m = model("small", true);
-    // T0 is Monday 2026-11-30 12:00 UTC
+    // T0 is Monday 2026-11-30 12:00 UTC, 13:00 CET
     m.spec.scaling.floor_schedule = vec![tidal_crds::ScheduledFloor {
         days: vec![tidal_crds::Weekday::Mon],
-        start: "13:00".into(),
-        end: "18:00".into(),
+        start: "14:00".into(),
+        end: "19:00".into(),
         min_replicas: 2,
+        time_zone: Some("Europe/Berlin".into()),
     }];
     let m = Arc::new(m);
     first_reconcile_of_an_idle_model(&mut h, &m).await;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use thiserror::Error;
-use tidal_autoscaler::schedule::EVERY_DAY;
+use tidal_autoscaler::schedule::{minute_of_day, Tz, EVERY_DAY};
 use tidal_autoscaler::{
     CapacityMode as PolicyMode, FloorWindow, ScaleDownHold as PolicyHold, ScalingSpec, SpecError,
     StableAggregate,
@@ -36,12 +36,22 @@ pub enum InvalidSpec {
     #[error("pricing: {0} must not be negative")]
     NegativePrice(&'static str),
     /// A `floorSchedule` time is not "HH:MM".
-    #[error("floorSchedule[{index}]: {time:?} is not a time of day as HH:MM (UTC)")]
+    #[error("floorSchedule[{index}]: {time:?} is not a time of day as HH:MM")]
     FloorTime {
         /// position in `floorSchedule`
         index: usize,
         /// the offending value
         time: String,
+    },
+    /// A `floorSchedule` time zone is not in the IANA database.
+    #[error(
+        "floorSchedule[{index}]: unknown time zone {zone:?} (an IANA name such as \"Europe/Berlin\", \"America/New_York\" or \"UTC\")"
+    )]
+    FloorTimeZone {
+        /// position in `floorSchedule`
+        index: usize,
+        /// the offending value
+        zone: String,
     },
 }
 
@@ -244,32 +254,30 @@ fn secs(s: u32) -> Duration {
 }
 
 /// One `floorSchedule` entry as the policy reads it: days as a mask (none listed: every day),
-/// times as minutes after midnight UTC.
+/// times as minutes after local midnight, the zone parsed (none given: UTC).
 fn floor_window(index: usize, w: &ScheduledFloor) -> Result<FloorWindow, InvalidSpec> {
     let minute = |time: &str| {
-        let bad = || InvalidSpec::FloorTime {
+        minute_of_day(time).ok_or_else(|| InvalidSpec::FloorTime {
             index,
             time: time.to_string(),
-        };
-        let (h, m) = time.split_once(':').ok_or_else(bad)?;
-        let two_digits = |x: &str| x.len() == 2 && x.bytes().all(|b| b.is_ascii_digit());
-        if !(two_digits(h) && two_digits(m)) {
-            return Err(bad());
-        }
-        let (h, m): (u16, u16) = (h.parse().map_err(|_| bad())?, m.parse().map_err(|_| bad())?);
-        if h > 23 || m > 59 {
-            return Err(bad());
-        }
-        Ok(h * 60 + m)
+        })
     };
     let days = match w.days.as_slice() {
         [] => EVERY_DAY,
         days => days.iter().fold(0, |mask, d| mask | 1 << (*d as u8)),
+    };
+    let time_zone = match &w.time_zone {
+        None => Tz::UTC,
+        Some(zone) => zone.parse().map_err(|_| InvalidSpec::FloorTimeZone {
+            index,
+            zone: zone.clone(),
+        })?,
     };
     Ok(FloorWindow {
         days,
         start_minute: minute(&w.start)?,
         end_minute: minute(&w.end)?,
         min_replicas: w.min_replicas,
+        time_zone,
     })
 }

@@ -320,9 +320,10 @@ pub struct Scaling {
     #[serde(default = "default_max_backlog")]
     #[schemars(range(min = 1, max = 10000000))]
     pub max_backlog: u32,
-    /// Floors by time of day (UTC): while a window holds, `minReplicas` is raised to its
-    /// `minReplicas` (the highest of the windows that hold), so the first burst of a busy
-    /// period finds replicas Ready instead of waiting a cold start.
+    /// Floors by time of day (UTC unless a window names its time zone): while a window
+    /// holds, `minReplicas` is raised to its `minReplicas` (the highest of the windows that
+    /// hold), so the first burst of a busy period finds replicas Ready instead of waiting a
+    /// cold start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub floor_schedule: Vec<ScheduledFloor>,
@@ -347,7 +348,7 @@ pub enum Weekday {
     Sun,
 }
 
-/// A floor of replicas from `start` to `end` (UTC, "HH:MM") on `days`.
+/// A floor of replicas from `start` to `end` ("HH:MM" on the clock of `timeZone`) on `days`.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ScheduledFloor {
@@ -355,16 +356,23 @@ pub struct ScheduledFloor {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 7))]
     pub days: Vec<Weekday>,
-    /// First minute of the window, "HH:MM" UTC.
+    /// First minute of the window, "HH:MM" local time.
     #[schemars(pattern(r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
     pub start: String,
-    /// End of the window (exclusive), "HH:MM" UTC; at or before `start`, the window runs past
-    /// midnight into the next day.
+    /// End of the window (exclusive), "HH:MM" local time; at or before `start`, the window
+    /// runs past midnight into the next day.
     #[schemars(pattern(r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
     pub end: String,
     /// Replicas kept serving while the window holds.
     #[schemars(range(max = 1000))]
     pub min_replicas: u32,
+    /// IANA time zone whose clock `days`, `start` and `end` are read on, daylight saving time
+    /// included (e.g. "Europe/Berlin"); absent: UTC. A time the clock skips stands for the
+    /// first minute after the skip; one it repeats opens the window at its first occurrence
+    /// and closes it at its second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
 }
 
 fn default_max_replicas() -> u32 {

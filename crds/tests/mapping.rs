@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tidal_autoscaler::schedule::Tz;
 use tidal_autoscaler::{
     CapacityMode as P, ScaleDownHold as H, ScalingSpec, SpecError, StableAggregate as A,
 };
@@ -42,9 +43,10 @@ fn scaling_maps_every_field() {
             ttft_target: Duration::from_secs(2),
             floor_schedule: vec![tidal_autoscaler::FloorWindow {
                 days: 0b001_1111,
-                start_minute: 7 * 60 + 30,
+                start_minute: 8 * 60,
                 end_minute: 19 * 60,
                 min_replicas: 2,
+                time_zone: Tz::Europe__Berlin,
             }],
             ..ScalingSpec::default()
         }
@@ -193,10 +195,14 @@ fn floor_schedule_maps_days_and_times() {
         start: start.into(),
         end: end.into(),
         min_replicas,
+        time_zone: None,
     };
     s.scaling.floor_schedule = vec![
         window(vec![Weekday::Mon, Weekday::Fri], "08:00", "18:30", 4),
-        window(vec![], "22:15", "02:00", 1),
+        ScheduledFloor {
+            time_zone: Some("Asia/Kolkata".into()),
+            ..window(vec![], "22:15", "02:00", 1)
+        },
         window(vec![Weekday::Sun], "00:00", "23:59", 8),
     ];
     assert_eq!(
@@ -206,19 +212,22 @@ fn floor_schedule_maps_days_and_times() {
                 days: 0b001_0001,
                 start_minute: 480,
                 end_minute: 1110,
-                min_replicas: 4
+                min_replicas: 4,
+                time_zone: Tz::UTC,
             },
             FloorWindow {
                 days: 0b111_1111,
                 start_minute: 1335,
                 end_minute: 120,
-                min_replicas: 1
+                min_replicas: 1,
+                time_zone: Tz::Asia__Kolkata,
             },
             FloorWindow {
                 days: 0b100_0000,
                 start_minute: 0,
                 end_minute: 1439,
-                min_replicas: 8
+                min_replicas: 8,
+                time_zone: Tz::UTC,
             },
         ]
     );
@@ -234,6 +243,27 @@ fn floor_schedule_maps_days_and_times() {
             }),
             "{time}"
         );
+    }
+    // names outside the IANA database (which is case-sensitive), and abbreviations that are
+    // not zones, are refused with the entry's index
+    for zone in ["Europe/Berln", "europe/berlin", "CEST", "", "UTC+2"] {
+        s.scaling.floor_schedule = vec![
+            window(vec![], "06:00", "07:00", 1),
+            ScheduledFloor {
+                time_zone: Some(zone.into()),
+                ..window(vec![], "06:00", "07:00", 1)
+            },
+        ];
+        let err = s.scaling_spec().unwrap_err();
+        assert_eq!(
+            err,
+            InvalidSpec::FloorTimeZone {
+                index: 1,
+                zone: zone.into()
+            },
+            "{zone}"
+        );
+        assert!(err.to_string().contains("IANA name"), "{err}");
     }
     // a window above maxReplicas (8 in the example)
     s.scaling.floor_schedule = vec![

@@ -160,6 +160,8 @@ fn schema_carries_validation() {
         floor["properties"]["start"]["pattern"],
         "^([01][0-9]|2[0-3]):[0-5][0-9]$"
     );
+    assert_eq!(floor["properties"]["timeZone"]["type"], "string");
+    assert_eq!(floor["properties"]["timeZone"]["maxLength"], 64);
     assert_eq!(
         floor["properties"]["days"]["items"]["enum"],
         json!(["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"])

@@ -4,6 +4,7 @@ use super::engine::FleetConfig;
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
 use super::{simulate, spot_outages, svg, SimConfig, SimReport};
+use crate::schedule::FloorWindow;
 use crate::spec::{CapacityMode, ScaleDownHold, ScalingSpec, StableAggregate};
 use anyhow::Context;
 use clap::Args;
@@ -130,6 +131,17 @@ pub struct SimArgs {
     /// Our policy: `minReplicas`, a floor of always-running replicas (both `ours` rows).
     #[arg(long, default_value_t = 0)]
     pub min_replicas: u32,
+    /// Our policy: a floor by time of day, as a `Model`'s `floorSchedule` entry (both `ours`
+    /// rows): `DAYS HH:MM-HH:MM MIN_REPLICAS [ZONE]`, e.g. `Mon-Fri 08:00-19:00 2
+    /// Europe/Berlin`; DAYS is `daily` or days and ranges such as `Sat,Sun`. Repeat for more
+    /// windows.
+    #[arg(long = "floor-window", value_name = "WINDOW")]
+    pub floor_windows: Vec<FloorWindow>,
+    /// Wall-clock time of the trace's start (RFC 3339, e.g. 2026-11-30T08:00:00Z), which
+    /// `--floor-window` reads; default: a CSV trace's first timestamp, read as UTC, and for
+    /// `--synthetic` Monday 2026-11-30 00:00 UTC.
+    #[arg(long, value_name = "TIME")]
+    pub start_at: Option<String>,
     /// Upper bound on replicas for every policy.
     #[arg(long, default_value_t = 200)]
     pub max_replicas: u32,
@@ -149,6 +161,9 @@ pub struct SimArgs {
     #[arg(long)]
     pub series_csv: Option<PathBuf>,
 }
+
+/// Monday 2026-11-30 00:00 UTC: where a synthetic trace starts on the wall clock.
+const SYNTHETIC_START_UNIX_S: u64 = 1_795_996_800;
 
 fn secs(x: f64, what: &str) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(x)
@@ -172,7 +187,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
     }
     profile.validate()?;
 
-    let (mut reqs, mut label) = if args.synthetic {
+    let (mut reqs, mut label, trace_start) = if args.synthetic {
         let syn = Synthetic {
             duration_s: args.syn_duration_s,
             mean_rps: args.syn_rps,
@@ -185,11 +200,34 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
             generated_mean: args.syn_generated_mean,
             seed: args.seed,
         };
-        (trace::synthetic(&syn), format!("synthetic {syn:?}"))
+        (
+            trace::synthetic(&syn),
+            format!("synthetic {syn:?}"),
+            SYNTHETIC_START_UNIX_S,
+        )
     } else {
-        let reqs = trace::load_csv(&args.trace)?;
-        (reqs, args.trace.display().to_string())
+        let (reqs, start) = trace::load_csv_with_start(&args.trace)?;
+        let start =
+            u64::try_from(start.and_utc().timestamp()).context("the trace starts before 1970")?;
+        (reqs, args.trace.display().to_string(), start)
     };
+    let wall_clock_start_s = match &args.start_at {
+        None => trace_start,
+        Some(at) => chrono::DateTime::parse_from_rfc3339(at)
+            .ok()
+            .and_then(|t| u64::try_from(t.timestamp()).ok())
+            .with_context(|| {
+                format!("--start-at {at:?} is not an RFC 3339 time after 1970 (such as 2026-11-30T08:00:00Z)")
+            })?,
+    };
+    if !args.floor_windows.is_empty() {
+        label.push_str(&format!(
+            ", {} floor window(s) from {}",
+            args.floor_windows.len(),
+            chrono::DateTime::from_timestamp(wall_clock_start_s as i64, 0)
+                .map_or_else(|| wall_clock_start_s.to_string(), |t| t.to_rfc3339())
+        ));
+    }
     if args.thin < 1.0 {
         reqs = trace::thin(&reqs, args.thin, args.seed);
         label.push_str(&format!(", thinned to {} (seed {})", args.thin, args.seed));
@@ -242,6 +280,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         ttft_target: secs(profile.ttft_slo_s, "ttftSloS")?,
         prefill_utilisation: args.prefill_utilisation,
         prefill_tolerance_replicas: args.prefill_tolerance,
+        floor_schedule: args.floor_windows.clone(),
         ..ScalingSpec::default()
     };
     spec.validate()?;
@@ -281,6 +320,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         fleet,
         ours,
         tick: secs(args.tick_s, "--tick-s")?.max(Duration::from_millis(1)),
+        wall_clock_start_s,
     })
 }
 
@@ -402,5 +442,47 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn floor_windows_reach_both_of_our_rows_on_the_trace_wall_clock() {
+        let window = "Mon-Fri 08:00-19:00 2 Europe/Berlin";
+        let cfg = config_of(&[
+            "--floor-window",
+            window,
+            "--floor-window",
+            "Sat 10:00-12:00 1",
+        ])
+        .unwrap();
+        for (name, spec) in &cfg.ours {
+            assert_eq!(spec.floor_schedule.len(), 2, "{name}");
+            assert_eq!(spec.floor_schedule[0], window.parse().unwrap(), "{name}");
+        }
+        assert_eq!(cfg.wall_clock_start_s, SYNTHETIC_START_UNIX_S);
+        assert!(cfg
+            .trace_label
+            .contains("2 floor window(s) from 2026-11-30T00:00:00+00:00"));
+        let at = config_of(&["--start-at", "2026-12-01T09:30:00+01:00"]).unwrap();
+        assert_eq!(
+            at.wall_clock_start_s,
+            SYNTHETIC_START_UNIX_S + 86_400 + 8 * 3600 + 1800
+        );
+        assert!(at.ours.iter().all(|(_, s)| s.floor_schedule.is_empty()));
+        let err = config_of(&["--start-at", "tomorrow"]).unwrap_err();
+        assert!(err.to_string().contains("RFC 3339"), "{err}");
+        let err = config_of(&["--floor-window", "weekdays 08:00-19:00 2"]).unwrap_err();
+        assert!(err.to_string().contains("expected DAYS"), "{err}");
+        let err = config_of(&[
+            "--max-replicas",
+            "3",
+            "--floor-window",
+            "daily 00:00-00:00 4",
+        ])
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("floorSchedule[0]: minReplicas (4)"),
+            "{err}"
+        );
     }
 }

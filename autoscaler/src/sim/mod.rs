@@ -44,6 +44,9 @@ pub struct SimConfig {
     pub ours: Vec<(String, ScalingSpec)>,
     /// Decision interval of our policy and the KPA baseline.
     pub tick: Duration,
+    /// Wall-clock time of the trace's start (Unix seconds): our policy's `floorSchedule`
+    /// reads it.
+    pub wall_clock_start_s: u64,
 }
 
 /// The comparison for one trace.
@@ -149,7 +152,9 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         .map_or(ScalingSpec::default().max_replicas, |(_, s)| s.max_replicas);
     let mut scalers: Vec<Box<dyn Scaler>> = Vec::new();
     for (name, spec) in &cfg.ours {
-        scalers.push(Box::new(Ours::new(name, spec.clone(), cfg.tick)));
+        scalers.push(Box::new(
+            Ours::new(name, spec.clone(), cfg.tick).starting_at(cfg.wall_clock_start_s),
+        ));
     }
     scalers.push(Box::new(scalers::knative_kpa(
         p.target_in_flight,

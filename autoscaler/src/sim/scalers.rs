@@ -30,13 +30,15 @@ pub trait Scaler {
     }
 }
 
-/// Our policy: exactly the function the controller calls.
+/// Our policy: exactly the function the controller calls, with the spec's `floorSchedule`
+/// applied first, as the controller does.
 #[derive(Debug, Clone)]
 pub struct Ours {
     name: String,
     spec: ScalingSpec,
     state: PolicyState,
     tick: Duration,
+    wall_clock_start_s: u64,
 }
 
 impl Ours {
@@ -48,6 +50,16 @@ impl Ours {
             spec,
             state,
             tick,
+            wall_clock_start_s: 0,
+        }
+    }
+
+    /// The same, with simulated time 0 at `unix_s` on the wall clock (for the floor schedule;
+    /// 0, a Thursday midnight UTC, by default).
+    pub fn starting_at(self, unix_s: u64) -> Self {
+        Self {
+            wall_clock_start_s: unix_s,
+            ..self
         }
     }
 }
@@ -60,7 +72,10 @@ impl Scaler for Ours {
         self.tick
     }
     fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
-        let d = decide(metrics, &self.spec, &mut self.state, now);
+        let spec = self
+            .spec
+            .at_wall_clock(self.wall_clock_start_s.saturating_add(now.as_secs()));
+        let d = decide(metrics, &spec, &mut self.state, now);
         Desired {
             spot: d.spot,
             on_demand: d.on_demand,

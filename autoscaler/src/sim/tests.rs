@@ -1,8 +1,9 @@
 //! Whole-simulator properties: determinism, conservation, the oracle bound and small
 //! scenarios whose results are computed by hand.
 
-use super::scalers::{knative_kpa, AlwaysOn, Keda, Ours};
+use super::scalers::{knative_kpa, AlwaysOn, Desired, Keda, Ours, Scaler};
 use super::*;
+use crate::observed::Observed;
 use crate::spec::CapacityMode;
 
 /// Prefill 1,000 tok/s, decode 10 tok/s single and 40 at 4, cold start 10 s, TTFT 2 s;
@@ -58,6 +59,28 @@ fn one_request() -> Vec<Request> {
         prompt_tokens: 1000,
         generated_tokens: 11,
     }]
+}
+
+#[test]
+fn our_policy_keeps_a_scheduled_floor_on_the_simulated_wall_clock() {
+    // weekdays from 08:00 in Berlin (07:00 UTC on Monday 2026-11-30); the run starts at
+    // 06:59 UTC with nothing queued
+    let monday = 1_795_996_800;
+    let spec = ScalingSpec {
+        floor_schedule: vec!["Mon-Fri 08:00-19:00 2 Europe/Berlin".parse().unwrap()],
+        ..spec()
+    };
+    let mut ours =
+        Ours::new("ours", spec, Duration::from_secs(1)).starting_at(monday + 7 * 3600 - 60);
+    let idle = Observed::default();
+    assert_eq!(ours.desired(&idle, Duration::ZERO), Desired::default());
+    assert_eq!(
+        ours.desired(&idle, Duration::from_secs(60)),
+        Desired {
+            spot: 2,
+            on_demand: 0
+        }
+    );
 }
 
 #[test]
@@ -335,6 +358,7 @@ fn synthetic_cfg(seed: u64, interruptions: f64) -> SimConfig {
             ),
         ],
         tick: Duration::from_secs(1),
+        wall_clock_start_s: 0,
     }
 }
 

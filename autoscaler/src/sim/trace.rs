@@ -48,6 +48,11 @@ pub enum TraceError {
 /// Reads a trace CSV with columns `TIMESTAMP,ContextTokens,GeneratedTokens`; arrivals are made
 /// relative to the earliest request and the result is sorted by arrival.
 pub fn load_csv(path: &Path) -> Result<Vec<Request>, TraceError> {
+    load_csv_with_start(path).map(|(requests, _)| requests)
+}
+
+/// [`load_csv`], and the trace's first timestamp (as written: the shipped trace's are UTC).
+pub fn load_csv_with_start(path: &Path) -> Result<(Vec<Request>, NaiveDateTime), TraceError> {
     let name = path.display().to_string();
     let mut reader = csv::Reader::from_path(path).map_err(|source| TraceError::Csv {
         path: name.clone(),
@@ -97,7 +102,7 @@ pub fn load_csv(path: &Path) -> Result<Vec<Request>, TraceError> {
         })
         .collect();
     out.sort_by_key(|r| r.arrival_ms);
-    Ok(out)
+    Ok((out, start))
 }
 
 /// Keeps each request with probability `fraction` (seeded), the scale-to-zero regime at low
@@ -245,7 +250,9 @@ mod tests {
         writeln!(f, "2023-11-16 18:17:04.5000000,100,0").unwrap();
         writeln!(f, "2023-11-16 18:17:03.9799600,4808,10").unwrap();
         drop(f);
-        let got = load_csv(&path).unwrap();
+        let (got, start) = load_csv_with_start(&path).unwrap();
+        assert_eq!(start.to_string(), "2023-11-16 18:17:03.979960");
+        assert_eq!(load_csv(&path).unwrap(), got);
         assert_eq!(
             got,
             vec![

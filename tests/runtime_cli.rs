@@ -155,6 +155,28 @@ fn a_negative_prefill_rate_is_refused_before_anything_starts() {
 }
 
 #[test]
+fn a_bad_floor_window_is_refused_before_anything_starts() {
+    let stderr = up_refuses(&["--floor-window", "weekdays 08:00-19:00 1"]);
+    assert!(
+        stderr.contains("--floor-window") && stderr.contains("\"weekdays\" are not days"),
+        "{stderr}"
+    );
+    let stderr = up_refuses(&["--floor-window", "Mon-Fri 08:00-19:00 1 Mars/Base"]);
+    assert!(stderr.contains("unknown time zone"), "{stderr}");
+    let stderr = up_refuses(&[
+        "--max-workers",
+        "1",
+        "--floor-window",
+        "daily 08:00-09:00 2",
+    ]);
+    assert!(
+        stderr.contains("--floor-window")
+            && stderr.contains("floorSchedule[0]: minReplicas (2) is greater than maxReplicas (1)"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn more_min_workers_than_max_workers_is_refused_before_anything_starts() {
     let stderr = up_refuses(&["--min-workers", "3", "--max-workers", "2"]);
     assert!(

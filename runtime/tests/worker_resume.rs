@@ -9,6 +9,7 @@ mod worker_common;
 
 use std::time::Duration;
 
+use tidal_runtime::model::TinySpec;
 use worker_common::*;
 
 macro_rules! both_brokers {
@@ -120,15 +121,23 @@ async fn crashed_workers_jobs_are_taken_over_and_resumed(h: Harness) {
 /// machine (200 ms was, once, in a full `cargo test` run).
 const CLAIM_TIMEOUT: Duration = Duration::from_millis(800);
 
+/// Tokens the generation below asks for: nearly the whole 4,096-token context.
+const LONG_GENERATION: usize = 4000;
+
 /// A generation that runs several claim timeouts is renewed by its worker: a second
 /// worker scanning for dead workers' jobs never takes it.
 async fn long_generations_are_kept_alive(h: Harness) {
-    let (_dir, model) = tiny_model(&slow_spec());
+    // Twice the layers of `slow_spec`: on an idle fast machine 3,000 tokens of it took
+    // 2.3 s, under the three claim timeouts this test needs; this takes about 6 s there.
+    let (_dir, model) = tiny_model(&TinySpec {
+        layers: 8,
+        ..slow_spec()
+    });
     let b = h.broker.clone();
     let mut config = test_config("m", "w1");
     config.claim_timeout = CLAIM_TIMEOUT;
     let w1 = spawn_worker(model.clone(), b.clone(), config.clone());
-    let j = job("m", &prompts(1)[0], 3000);
+    let j = job("m", &prompts(1)[0], LONG_GENERATION);
     b.enqueue(&j).await.unwrap();
     let status = w1.status.clone();
     wait_until("w1 claimed", LONG, || status.held() == 1).await;
@@ -148,5 +157,5 @@ async fn long_generations_are_kept_alive(h: Harness) {
     assert_eq!((s2.taken_over, s2.claimed), (0, 0));
     let by = usage_by_request(&usage_events(&*b).await);
     assert_eq!(by[&j.id].len(), 1);
-    assert_billed(&by, j.id, 6, 3000);
+    assert_billed(&by, j.id, 6, LONG_GENERATION as u64);
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tidal_autoscaler::ScalingSpec;
+use tidal_autoscaler::{FloorWindow, ScalingSpec};
 use tidal_local::fetch::FetchConfig;
 use tidal_local::source::ModelSource;
 use tidal_local::up::{self, Started, UpConfig};
@@ -64,6 +64,12 @@ pub struct UpArgs {
     /// a model load while traffic stays within them (docs/autoscaling.md, "A floor").
     #[arg(long, default_value_t = 0)]
     pub min_workers: u32,
+    /// A floor by time of day for every model, as a `Model`'s `floorSchedule` entry:
+    /// `DAYS HH:MM-HH:MM MIN_WORKERS [ZONE]`, e.g. `Mon-Fri 08:00-19:00 1 Europe/Berlin`
+    /// (DAYS `daily` or days and ranges such as `Sat,Sun`; ZONE an IANA name, UTC when left
+    /// out): the workers stay loaded while the window holds. Repeat for more windows.
+    #[arg(long = "floor-window", value_name = "WINDOW")]
+    pub floor_windows: Vec<FloorWindow>,
     /// Most workers per model (each loads its own copy of the model).
     #[arg(long, default_value_t = 1)]
     pub max_workers: u32,
@@ -123,9 +129,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         scale_to_zero_after: args.scale_to_zero_after,
         prefill_tokens_per_second: args.prefill_tokens_per_second,
         ttft_target: args.ttft_target,
+        floor_schedule: args.floor_windows,
         ..ScalingSpec::default()
     };
-    scaling.validate().context("scaling settings")?;
+    scaling
+        .validate()
+        .context("scaling settings (--min-workers, --max-workers, --floor-window, ...)")?;
     let config = UpConfig {
         models: args.models,
         listen: args.listen,

@@ -13,7 +13,7 @@ mod worker_slot;
 pub use launcher::{LaunchError, Launcher};
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tidal_autoscaler::{
@@ -60,6 +60,10 @@ pub struct FleetConfig {
     pub tick: Duration,
     /// How long shutdown waits for draining workers.
     pub shutdown_timeout: Duration,
+    /// The wall clock (Unix seconds) when the fleet starts, which the models'
+    /// `floorSchedule` windows read; `None`: the system clock's. Later times are this plus
+    /// the fleet's monotonic clock, so a clock step does not open or close a window.
+    pub wall_clock_at_start: Option<u64>,
 }
 
 impl Default for FleetConfig {
@@ -67,6 +71,7 @@ impl Default for FleetConfig {
         Self {
             tick: Duration::from_millis(250),
             shutdown_timeout: Duration::from_secs(60),
+            wall_clock_at_start: None,
         }
     }
 }
@@ -100,6 +105,7 @@ pub struct Fleet {
     slots: Vec<Slot>,
     status: FleetStatus,
     started: Instant,
+    wall_clock_at_start: u64,
 }
 
 impl Fleet {
@@ -139,6 +145,11 @@ impl Fleet {
                 }
             })
             .collect();
+        let wall_clock_at_start = config.wall_clock_at_start.unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        });
         Self {
             broker,
             launcher,
@@ -146,6 +157,7 @@ impl Fleet {
             slots,
             status: FleetStatus::default(),
             started: Instant::now(),
+            wall_clock_at_start,
         }
     }
 
@@ -195,6 +207,7 @@ impl Fleet {
 
     fn reconcile(&mut self, i: usize, depth: QueueDepth, now: Duration) {
         let launcher = self.launcher.clone();
+        let wall_clock = self.wall_clock_at_start.saturating_add(now.as_secs());
         let slot = &mut self.slots[i];
         let id = slot.model.record.id.clone();
         for w in &mut slot.workers {
@@ -223,7 +236,8 @@ impl Fleet {
             last_request_at: slot.last_request_at,
             arrived_prompt_tokens: depth.arrived_prompt_tokens,
         };
-        let decision = decide(&observed, &slot.model.spec, &mut slot.policy, now);
+        let spec = slot.model.spec.at_wall_clock(wall_clock);
+        let decision = decide(&observed, &spec, &mut slot.policy, now);
         let desired = decision.on_demand.saturating_add(decision.spot);
         let active = slot.workers.iter().filter(|w| w.is_active()).count() as u32;
         if desired > active {

@@ -242,6 +242,45 @@ async fn a_floor_loads_its_workers_before_any_request_and_keeps_them_when_idle()
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_scheduled_floor_loads_a_worker_while_its_window_holds() {
+    // 09:00-10:00 in Berlin (08:00-09:00 UTC on Monday 2026-11-30); the fleet starts at
+    // 07:59:30 UTC with no request, so nothing loads until the window opens
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_secs(2));
+    let monday = 1_795_996_800;
+    let mut fleet = Fleet::new(
+        broker.clone(),
+        launcher.clone(),
+        vec![FleetModel {
+            record: record("m"),
+            spec: ScalingSpec {
+                floor_schedule: vec!["daily 09:00-10:00 1 Europe/Berlin".parse().unwrap()],
+                ..spec(Duration::from_secs(30))
+            },
+        }],
+        FleetConfig {
+            wall_clock_at_start: Some(monday + 8 * 3600 - 30),
+            ..FleetConfig::default()
+        },
+    );
+    tick(&mut fleet).await;
+    tokio::time::advance(Duration::from_secs(29)).await;
+    tick(&mut fleet).await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 0);
+    assert_eq!(state(&broker).await, ModelState::ScaledToZero);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    tick(&mut fleet).await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+    assert_eq!(fleet.status().snapshot()[0].reason, "MinReplicas");
+    // the window closes at 09:00 UTC; idle since the start, the model scales to zero
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    settle().await;
+    tick(&mut fleet).await;
+    assert_eq!(fleet.status().snapshot()[0].desired, 0);
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_worker_that_fails_to_load_is_replaced_while_demand_lasts() {
     let broker = Arc::new(MemoryBroker::default());
     let launcher = FakeLauncher::new(Duration::from_millis(100));

@@ -97,14 +97,17 @@ struct Sim<'a> {
     rng: ChaCha8Rng,
     replicas: Vec<Replica>,
     queue: VecDeque<Job>,
+    /// Prompt tokens that entered the queue, arrivals and re-enqueued jobs alike, as the
+    /// broker counts them (`arrived_prompt_tokens`).
+    enqueued_prompt_tokens: u64,
     run: PolicyRun,
     completed: usize,
 }
 
 impl Sim<'_> {
-    fn observe(&self, last_request: Option<u64>, arrived_prompt_tokens: u64) -> Observed {
+    fn observe(&self, last_request: Option<u64>) -> Observed {
         let mut obs = Observed {
-            arrived_prompt_tokens,
+            arrived_prompt_tokens: self.enqueued_prompt_tokens,
             backlog: self.queue.len() as u64,
             last_request_at: last_request.map(Duration::from_millis),
             ..Observed::default()
@@ -226,7 +229,12 @@ impl Sim<'_> {
                 let reqs = self.reqs;
                 let (jobs, recompute) = r.evict(|k| reqs[k].prompt_tokens);
                 self.run.recomputed_tokens += recompute;
-                // re-enqueued like the workers do it: XADD to the end of the stream
+                // re-enqueued like the workers do it: XADD to the end of the stream, counting
+                // what the next worker prefills again (prompt and delivered tokens)
+                self.enqueued_prompt_tokens += jobs
+                    .iter()
+                    .map(|j| j.prefill_left.round() as u64)
+                    .sum::<u64>();
                 self.queue.extend(jobs);
             } else {
                 i += 1;
@@ -314,6 +322,7 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
         rng: ChaCha8Rng::seed_from_u64(cfg.seed),
         replicas: Vec::new(),
         queue: VecDeque::new(),
+        enqueued_prompt_tokens: 0,
         run: PolicyRun {
             name: scaler.name().to_string(),
             spot_ms: 0,
@@ -355,19 +364,18 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
     let (mut t, mut next, mut next_tick, mut next_sample) = (0u64, 0usize, 0u64, 0u64);
     let mut last_request = None;
     let mut arrivals = 0u64;
-    let mut arrived_prompt_tokens = 0u64;
     loop {
         while next < n && reqs[next].arrival_ms <= t {
             let r = &reqs[next];
             sim.queue
                 .push_back(Job::new(next, r.prompt_tokens, r.generated_tokens));
             last_request = Some(r.arrival_ms);
-            arrived_prompt_tokens += u64::from(r.prompt_tokens);
+            sim.enqueued_prompt_tokens += u64::from(r.prompt_tokens);
             next += 1;
             arrivals += 1;
         }
         if t >= next_tick {
-            let obs = sim.observe(last_request, arrived_prompt_tokens);
+            let obs = sim.observe(last_request);
             let want = scaler.desired(&obs, Duration::from_millis(t));
             sim.reconcile(want, t);
             next_tick += interval;

@@ -392,6 +392,49 @@ fn the_engine_feeds_arrived_prompt_tokens_to_the_policy() {
     assert_eq!(starts(sized), 10);
 }
 
+/// One spot replica, none from 13 s to 14 s; remembers the prompt-token counter it saw.
+struct DrainOnce {
+    seen: u64,
+}
+
+impl Scaler for DrainOnce {
+    fn name(&self) -> &str {
+        "drain-once"
+    }
+    fn interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
+        self.seen = metrics.arrived_prompt_tokens;
+        let off = (13..14).contains(&now.as_secs());
+        Desired {
+            spot: u32::from(!off),
+            on_demand: 0,
+        }
+    }
+}
+
+#[test]
+fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
+    // a 1,000-token prompt at t = 0: first token at 11 s (10 s cold start, 1 s prefill), then
+    // 10 tokens/s; drained at 13 s with no drain time, it is re-enqueued with about 20
+    // tokens delivered, which the next replica prefills again with the prompt
+    let reqs = vec![Request {
+        arrival_ms: 0,
+        prompt_tokens: 1_000,
+        generated_tokens: 100,
+    }];
+    let f = FleetConfig {
+        drain_ms: 0,
+        ..fleet(tiny_profile())
+    };
+    let mut scaler = DrainOnce { seen: 0 };
+    let run = run_policy(&reqs, &f, &mut scaler);
+    assert_eq!(run.completions, vec![1]);
+    assert!(run.recomputed_tokens > 1_000, "{}", run.recomputed_tokens);
+    assert_eq!(scaler.seen, 1_000 + run.recomputed_tokens);
+}
+
 #[test]
 fn simulation_is_deterministic_for_a_seed() {
     let a = simulate(&synthetic_cfg(5, 2.0));

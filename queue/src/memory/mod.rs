@@ -290,6 +290,9 @@ impl Broker for MemoryBroker {
                 });
             }
         }
+        // The taker prefills these again: they are new prefill demand for the autoscaler.
+        let re_prefill: u64 = out.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
+        *st.prompt_tokens.entry(model.to_owned()).or_default() += re_prefill;
         count(m::TAKEN_OVER, model, out.len() as u64);
         Ok(out)
     }
@@ -338,6 +341,8 @@ impl Broker for MemoryBroker {
             s.delete(old);
             let mut next = job.job.clone();
             next.resume = Some(resume);
+            *st.prompt_tokens.entry(next.model.clone()).or_default() +=
+                next.prompt_tokens_estimate();
             st.jobs
                 .entry((job.job.model.clone(), true))
                 .or_default()

@@ -366,6 +366,16 @@ impl Broker for RedisBroker {
         for j in &got {
             tracing::info!(model, request_id = %j.job.id, consumer, attempt = j.attempt, "took over job");
         }
+        // The taker prefills these again: they are new prefill demand for the autoscaler.
+        let re_prefill: u64 = got.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
+        if re_prefill > 0 {
+            let mut c = self.conn.clone();
+            let _total: i64 = redis::cmd("INCRBY")
+                .arg(self.keys.prompt_tokens(model))
+                .arg(re_prefill)
+                .query_async(&mut c)
+                .await?;
+        }
         count(m::TAKEN_OVER, model, got.len() as u64);
         Ok(got)
     }
@@ -440,7 +450,10 @@ impl Broker for RedisBroker {
             .requeue
             .key(self.keys.job_stream(model, job.job.resume.is_some()));
         inv.key(self.keys.resumed(model));
-        inv.arg(&job.entry_id).arg(&job.consumer);
+        inv.key(self.keys.prompt_tokens(model));
+        inv.arg(&job.entry_id)
+            .arg(&job.consumer)
+            .arg(next.prompt_tokens_estimate());
         for (k, v) in job_fields(&next)? {
             inv.arg(k).arg(v);
         }

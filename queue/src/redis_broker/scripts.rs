@@ -56,12 +56,14 @@ if ttl > tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1
 "#;
 
-/// Re-enqueue. KEYS: the entry's stream, the model's resumed stream.
-/// ARGV: entry, consumer, field, value, ... Returns the new entry id, or 0 when not the owner.
+/// Re-enqueue. KEYS: the entry's stream, the model's resumed stream, the model's prompt-token
+/// counter. ARGV: entry, consumer, tokens the resumer re-prefills (estimate), field, value,
+/// ... Returns the new entry id, or 0 when not the owner.
 const REQUEUE: &str = r#"
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
 redis.call('XACK', KEYS[1], 'workers', ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('INCRBY', KEYS[3], ARGV[3])
 return id
 "#;
 

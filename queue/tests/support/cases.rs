@@ -959,7 +959,9 @@ pub async fn idempotent_submits(h: &dyn Harness) {
 }
 
 /// Every job enqueued or submitted adds its prompt-token estimate to the model's counter (the
-/// autoscaler's prefill sizing); a duplicate submit and a requeue add nothing.
+/// autoscaler's prefill sizing), and so does every job re-enqueued or taken over, which its
+/// next worker prefills again (a re-enqueued job with the tokens it delivered); a duplicate
+/// submit adds nothing.
 pub async fn prompt_tokens_are_counted(h: &dyn Harness) {
     let b = h.broker();
     let (m, other) = (model(), model());
@@ -983,8 +985,23 @@ pub async fn prompt_tokens_are_counted(h: &dyn Harness) {
     b.enqueue(&job(h, &other)).await.unwrap();
     assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 102);
     let claimed = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
-    b.requeue(&claimed, Resume::default()).await.unwrap();
+    assert_eq!(claimed.job.id, plain.id);
+    let delivered = Resume {
+        token_ids: vec![7, 8, 9],
+        ..Resume::default()
+    };
+    b.requeue(&claimed, delivered).await.unwrap();
     let d = b.depth(&m).await.unwrap();
-    assert_eq!((d.backlog, d.arrived_prompt_tokens), (2, 102));
+    // "hello" again, and the 3 tokens delivered before the requeue
+    assert_eq!((d.backlog, d.arrived_prompt_tokens), (2, 107));
+    // both claimed (the resumed job first) by a worker that dies, and taken over: its
+    // successor prefills the long prompt (100) and the resumed one (2 + 3) again
+    let dead = b.claim(&m, "dead", 2, NO_WAIT).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 107);
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let taken = b.take_over(&m, "live", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(taken.len(), 2);
+    assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 212);
     assert_eq!(b.depth(&other).await.unwrap().arrived_prompt_tokens, 2);
 }

@@ -18,7 +18,7 @@ pub mod window;
 
 pub use capacity::Split;
 pub use observed::{CapacityObserved, Observed};
-pub use policy::{decide, Decision, PolicyState, Reason};
+pub use policy::{decide, decide_at, Decision, PolicyState, Reason};
 pub use schedule::FloorWindow;
 pub use signals::{condition_signal, taint_signal, InterruptionSource};
 pub use spec::{CapacityMode, ScaleDownHold, ScalingSpec, SpecError, StableAggregate};

@@ -41,6 +41,8 @@ pub enum Reason {
     ScaleDownLimited,
     /// Raised to `minReplicas`.
     MinReplicas,
+    /// Raised to the floor of a `floorSchedule` window that holds ([`decide_at`]).
+    ScheduledFloor,
     /// Cut to `maxReplicas`.
     MaxReplicas,
 }
@@ -57,6 +59,7 @@ impl fmt::Display for Reason {
             Reason::ScaleUpLimited => "scale-up-limited",
             Reason::ScaleDownLimited => "scale-down-limited",
             Reason::MinReplicas => "min-replicas",
+            Reason::ScheduledFloor => "scheduled-floor",
             Reason::MaxReplicas => "max-replicas",
         };
         f.write_str(s)
@@ -269,6 +272,25 @@ pub fn decide(
         panic_demand,
         prefill_demand,
     }
+}
+
+/// [`decide`] at wall-clock time `unix_secs` (seconds since the Unix epoch), for the callers
+/// that know it: the spec's `floorSchedule` first raises `minReplicas`
+/// ([`ScalingSpec::at_wall_clock`]), and a target that such a floor set reads
+/// [`Reason::ScheduledFloor`], so a replica kept at night is not blamed on `minReplicas`.
+pub fn decide_at(
+    metrics: &Observed,
+    spec: &ScalingSpec,
+    state: &mut PolicyState,
+    now: Duration,
+    unix_secs: u64,
+) -> Decision {
+    let scheduled = spec.at_wall_clock(unix_secs);
+    let mut decision = decide(metrics, &scheduled, state, now);
+    if decision.reason == Reason::MinReplicas && scheduled.min_replicas > spec.min_replicas {
+        decision.reason = Reason::ScheduledFloor;
+    }
+    decision
 }
 
 #[cfg(test)]

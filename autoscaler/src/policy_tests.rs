@@ -393,6 +393,32 @@ fn min_replicas_is_a_floor_even_when_idle() {
 }
 
 #[test]
+fn a_floor_window_reads_as_a_scheduled_floor_and_min_replicas_as_itself() {
+    // weekdays 08:00-18:00 UTC at 3 over minReplicas 1; 2026-11-30 was a Monday
+    let monday = 1_795_996_800;
+    let sp = ScalingSpec {
+        min_replicas: 1,
+        floor_schedule: vec!["Mon-Fri 08:00-18:00 3".parse().unwrap()],
+        ..spec()
+    };
+    let mut st = PolicyState::new(&sp);
+    let idle = Observed::default();
+    let at = |h: u64| monday + h * 3600;
+    let d = decide_at(&idle, &sp, &mut st, s(1000), at(9));
+    assert_eq!((d.serving, d.reason), (3, Reason::ScheduledFloor));
+    let d = decide_at(&idle, &sp, &mut st, s(1001), at(19));
+    assert_eq!((d.serving, d.reason), (1, Reason::MinReplicas));
+    // demand above the floor: the policy's own reason
+    let busy = Observed {
+        backlog: 80,
+        ..Observed::default()
+    };
+    let d = decide_at(&busy, &sp, &mut st, s(1002), at(9));
+    assert!(d.serving > 3 && d.reason != Reason::ScheduledFloor, "{d:?}");
+    assert_eq!(Reason::ScheduledFloor.to_string(), "scheduled-floor");
+}
+
+#[test]
 fn max_replicas_clamps_activation_panic_and_stable() {
     let sp = ScalingSpec {
         max_replicas: 5,

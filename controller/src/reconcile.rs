@@ -22,7 +22,7 @@ use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tidal_autoscaler::{decide, telemetry, Observed, PolicyState, ScalingSpec};
+use tidal_autoscaler::{decide_at, telemetry, Observed, PolicyState, ScalingSpec};
 use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
 use tidal_crds::{Model, ModelSpec, ModelStatus, FINALIZER};
 use tidal_queue::{CapacityType, ClaimedJob, JobFailure, ModelRecord};
@@ -364,8 +364,13 @@ async fn tick(
         (Some(previous), false) => previous.clone(),
         _ => {
             // The floor schedule is by wall-clock time, which only the controller knows.
-            let scaling = scaling.at_wall_clock(epoch(now).as_secs());
-            let d = decide(&observed, &scaling, &mut mem.policy, epoch(now));
+            let d = decide_at(
+                &observed,
+                scaling,
+                &mut mem.policy,
+                epoch(now),
+                epoch(now).as_secs(),
+            );
             mem.decided_at = Some(now);
             telemetry::record(&id, &observed, &d);
             d

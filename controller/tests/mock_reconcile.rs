@@ -243,13 +243,14 @@ async fn first_reconcile_of_an_idle_model(h: &mut Harness, m: &Arc<Model>) {
 }
 
 /// A reconcile (`task`) that scales the on-demand Deployment of an idle model up to
-/// `replicas`: the replicas patch, the `ScaledUp` event and the status, then nothing more.
+/// `replicas`: the replicas patch, the `ScaledUp` event and the status, then nothing more;
+/// returns the event's note.
 async fn expect_on_demand_scale_up(
     h: &mut Harness,
     m: &Arc<Model>,
     task: tokio::task::JoinHandle<Result<Action, Error>>,
     replicas: u32,
-) {
+) -> String {
     let r = next(&mut h.handle).await;
     assert_eq!(
         r.path,
@@ -268,6 +269,7 @@ async fn expect_on_demand_scale_up(
     task.await.unwrap().unwrap();
     assert_eq!(status["onDemand"], json!({"desired": replicas, "ready": 0}));
     assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    body["note"].as_str().unwrap_or_default().to_string()
 }
 
 /// With `prefillTokensPerSecond` set, the prompt tokens the broker counted reach the policy:
@@ -297,7 +299,11 @@ async fn long_prompts_scale_on_their_tokens() {
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
     // 6,000 tokens / 1,500 per replica - 1.2 tolerance = 2.8: 3 replicas (2 requests at 4
     // per replica alone would be 1)
-    expect_on_demand_scale_up(&mut h, &m, task, 3).await;
+    let note = expect_on_demand_scale_up(&mut h, &m, task, 3).await;
+    assert!(
+        note.contains("(stable;") || note.contains("(activation;"),
+        "{note}"
+    );
 }
 
 /// A `floorSchedule` window raises the floor when the wall clock enters it, on the clock of
@@ -319,7 +325,8 @@ async fn a_scheduled_floor_starts_replicas_when_its_window_opens() {
     first_reconcile_of_an_idle_model(&mut h, &m).await;
     h.advance(Duration::from_secs(3600));
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    expect_on_demand_scale_up(&mut h, &m, task, 2).await;
+    let note = expect_on_demand_scale_up(&mut h, &m, task, 2).await;
+    assert!(note.contains("(scheduled-floor;"), "{note}");
 }
 
 #[tokio::test]

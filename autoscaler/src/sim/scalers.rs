@@ -2,7 +2,7 @@
 //! baseline, a KEDA + HPA baseline and a fixed fleet sized for the peak.
 
 use crate::observed::Observed;
-use crate::policy::{decide, PolicyState};
+use crate::policy::{decide_at, PolicyState};
 use crate::spec::{CapacityMode, ScalingSpec};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -72,10 +72,8 @@ impl Scaler for Ours {
         self.tick
     }
     fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
-        let spec = self
-            .spec
-            .at_wall_clock(self.wall_clock_start_s.saturating_add(now.as_secs()));
-        let d = decide(metrics, &spec, &mut self.state, now);
+        let wall_clock = self.wall_clock_start_s.saturating_add(now.as_secs());
+        let d = decide_at(metrics, &self.spec, &mut self.state, now, wall_clock);
         Desired {
             spot: d.spot,
             on_demand: d.on_demand,

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tidal_autoscaler::{
-    decide, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec,
+    decide_at, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec,
 };
 use tidal_queue::{Broker, ModelRecord, ModelState, QueueDepth};
 use tokio::sync::{oneshot, watch};
@@ -236,8 +236,13 @@ impl Fleet {
             last_request_at: slot.last_request_at,
             arrived_prompt_tokens: depth.arrived_prompt_tokens,
         };
-        let spec = slot.model.spec.at_wall_clock(wall_clock);
-        let decision = decide(&observed, &spec, &mut slot.policy, now);
+        let decision = decide_at(
+            &observed,
+            &slot.model.spec,
+            &mut slot.policy,
+            now,
+            wall_clock,
+        );
         let desired = decision.on_demand.saturating_add(decision.spot);
         let active = slot.workers.iter().filter(|w| w.is_active()).count() as u32;
         if desired > active {

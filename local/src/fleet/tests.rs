@@ -90,14 +90,24 @@ fn job(model: &str) -> Job {
 }
 
 fn fleet(broker: &Arc<MemoryBroker>, launcher: &Arc<FakeLauncher>, idle: Duration) -> Fleet {
+    fleet_of(broker, launcher, spec(idle), FleetConfig::default())
+}
+
+/// A fleet serving model "m" under `spec`.
+fn fleet_of(
+    broker: &Arc<MemoryBroker>,
+    launcher: &Arc<FakeLauncher>,
+    spec: ScalingSpec,
+    config: FleetConfig,
+) -> Fleet {
     Fleet::new(
         broker.clone(),
         launcher.clone(),
         vec![FleetModel {
             record: record("m"),
-            spec: spec(idle),
+            spec,
         }],
-        FleetConfig::default(),
+        config,
     )
 }
 
@@ -206,18 +216,11 @@ async fn a_floor_loads_its_workers_before_any_request_and_keeps_them_when_idle()
     let broker = Arc::new(MemoryBroker::default());
     let launcher = FakeLauncher::new(Duration::from_secs(2));
     let idle = Duration::from_secs(30);
-    let mut fleet = Fleet::new(
-        broker.clone(),
-        launcher.clone(),
-        vec![FleetModel {
-            record: record("m"),
-            spec: ScalingSpec {
-                min_replicas: 1,
-                ..spec(idle)
-            },
-        }],
-        FleetConfig::default(),
-    );
+    let floor = ScalingSpec {
+        min_replicas: 1,
+        ..spec(idle)
+    };
+    let mut fleet = fleet_of(&broker, &launcher, floor, FleetConfig::default());
     tick(&mut fleet).await;
     assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
     assert_eq!(state(&broker).await, ModelState::Starting);
@@ -248,21 +251,15 @@ async fn a_scheduled_floor_loads_a_worker_while_its_window_holds() {
     let broker = Arc::new(MemoryBroker::default());
     let launcher = FakeLauncher::new(Duration::from_secs(2));
     let monday = 1_795_996_800;
-    let mut fleet = Fleet::new(
-        broker.clone(),
-        launcher.clone(),
-        vec![FleetModel {
-            record: record("m"),
-            spec: ScalingSpec {
-                floor_schedule: vec!["daily 09:00-10:00 1 Europe/Berlin".parse().unwrap()],
-                ..spec(Duration::from_secs(30))
-            },
-        }],
-        FleetConfig {
-            wall_clock_at_start: Some(monday + 8 * 3600 - 30),
-            ..FleetConfig::default()
-        },
-    );
+    let scheduled = ScalingSpec {
+        floor_schedule: vec!["daily 09:00-10:00 1 Europe/Berlin".parse().unwrap()],
+        ..spec(Duration::from_secs(30))
+    };
+    let config = FleetConfig {
+        wall_clock_at_start: Some(monday + 8 * 3600 - 30),
+        ..FleetConfig::default()
+    };
+    let mut fleet = fleet_of(&broker, &launcher, scheduled, config);
     tick(&mut fleet).await;
     tokio::time::advance(Duration::from_secs(29)).await;
     tick(&mut fleet).await;
@@ -271,7 +268,7 @@ async fn a_scheduled_floor_loads_a_worker_while_its_window_holds() {
     tokio::time::advance(Duration::from_secs(1)).await;
     tick(&mut fleet).await;
     assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
-    assert_eq!(fleet.status().snapshot()[0].reason, "MinReplicas");
+    assert_eq!(fleet.status().snapshot()[0].reason, "ScheduledFloor");
     // the window closes at 09:00 UTC; idle since the start, the model scales to zero
     tokio::time::advance(Duration::from_secs(3600)).await;
     settle().await;

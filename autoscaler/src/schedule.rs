@@ -136,14 +136,14 @@ pub fn minute_of_day(hhmm: &str) -> Option<u16> {
 /// A floor window written as text that cannot be read.
 #[derive(Debug, Error, PartialEq)]
 #[error(
-    "floor window {text:?}: {why} (expected DAYS HH:MM-HH:MM MIN_REPLICAS [TIME_ZONE], e.g. \"Mon-Fri 08:00-19:00 2 Europe/Berlin\"; DAYS is \"daily\" or days and ranges such as \"Sat,Sun\")"
+    "floor window {text:?}: {why} (expected DAYS HH:MM-HH:MM MIN_REPLICAS [ZONE], e.g. \"Mon-Fri 08:00-19:00 2 Europe/Berlin\"; DAYS is \"daily\" or days and ranges such as \"Sat,Sun\")"
 )]
 pub struct FloorWindowParseError {
     text: String,
     why: String,
 }
 
-/// `DAYS HH:MM-HH:MM MIN_REPLICAS [TIME_ZONE]`, the command-line form of a `floorSchedule`
+/// `DAYS HH:MM-HH:MM MIN_REPLICAS [ZONE]`, the command-line form of a `floorSchedule`
 /// entry (`tidal sim --floor-window`): DAYS is `daily` or comma-separated days and ranges
 /// (`Mon-Fri`, `Sat,Sun`, `Fri-Mon`), the zone an IANA name (UTC when left out).
 impl FromStr for FloorWindow {

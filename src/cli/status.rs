@@ -69,8 +69,17 @@ fn count(v: &Value) -> u64 {
 fn render(body: &Value) -> String {
     let mut out = String::new();
     out.push_str(&format!(
-        "{:<28} {:<15} {:>5} {:>8} {:>7} {:>8} {:>9} {:>11}\n",
-        "MODEL", "STATE", "READY", "STARTING", "BACKLOG", "IN FLIGHT", "COLD STARTS", "LAST COLD"
+        "{:<28} {:<15} {:>5} {:>8} {:>7} {:>7} {:>8} {:>9} {:>11}  {}\n",
+        "MODEL",
+        "STATE",
+        "READY",
+        "STARTING",
+        "DESIRED",
+        "BACKLOG",
+        "IN FLIGHT",
+        "COLD STARTS",
+        "LAST COLD",
+        "WHY"
     ));
     for m in body["models"].as_array().into_iter().flatten() {
         let cold = m["last_cold_start_ms"]
@@ -78,15 +87,17 @@ fn render(body: &Value) -> String {
             .map(|ms| format!("{:.2}s", ms as f64 / 1000.0))
             .unwrap_or_else(|| "-".into());
         out.push_str(&format!(
-            "{:<28} {:<15} {:>5} {:>8} {:>7} {:>8} {:>9} {:>11}\n",
+            "{:<28} {:<15} {:>5} {:>8} {:>7} {:>7} {:>8} {:>9} {:>11}  {}\n",
             m["id"].as_str().unwrap_or_default(),
             m["state"].as_str().unwrap_or_default(),
             count(&m["ready"]),
             count(&m["starting"]),
+            count(&m["desired"]),
             count(&m["backlog"]),
             count(&m["in_flight"]),
             count(&m["cold_starts"]),
-            cold
+            cold,
+            m["reason"].as_str().unwrap_or("-")
         ));
     }
     let rows = body["usage"]
@@ -124,13 +135,20 @@ mod tests {
     fn renders_models_and_usage() {
         let body = serde_json::json!({
             "models": [{"id": "smol", "state": "ready", "ready": 1, "starting": 0,
-                        "backlog": 2, "in_flight": 3, "cold_starts": 1, "last_cold_start_ms": 1250}],
+                        "desired": 1, "backlog": 2, "in_flight": 3, "cold_starts": 1,
+                        "last_cold_start_ms": 1250, "reason": "scheduled-floor"}],
             "usage": [{"tenant": "local", "model": "smol", "day": "2026-11-30",
                        "totals": {"input_tokens": 10, "cached_input_tokens": 4, "output_tokens": 7}}]
         });
         let text = render(&body);
         assert!(text.contains("smol"), "{text}");
-        assert!(text.contains("1.25s"), "{text}");
+        assert!(text.contains("1.25s  scheduled-floor"), "{text}");
+        assert!(
+            text.lines()
+                .next()
+                .is_some_and(|l| l.contains("DESIRED") && l.ends_with("WHY")),
+            "{text}"
+        );
         assert!(
             text.lines()
                 .any(|l| l.starts_with("local") && l.ends_with(" 7")),

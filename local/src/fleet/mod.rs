@@ -49,7 +49,8 @@ pub struct ModelStatus {
     /// Model load time of the most recent worker start.
     pub last_cold_start_ms: Option<u64>,
     pub cold_starts: u64,
-    /// Why the policy chose `desired` (its `Reason`, in words).
+    /// Why the policy chose `desired`: its `Reason` as events and metrics name it
+    /// (`scheduled-floor`, `scale-to-zero`, ...).
     pub reason: String,
 }
 
@@ -284,7 +285,7 @@ impl Fleet {
         slot.status.backlog = depth.backlog;
         slot.status.in_flight = depth.in_flight;
         slot.status.oldest_wait_ms = depth.oldest_wait_ms;
-        slot.status.reason = format!("{:?}", decision.reason);
+        slot.status.reason = decision.reason.to_string();
         metrics::gauge!("tidal_fleet_replicas", "model" => id.clone(), "phase" => "ready")
             .set(f64::from(ready));
         metrics::gauge!("tidal_fleet_replicas", "model" => id.clone(), "phase" => "starting")

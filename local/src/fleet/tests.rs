@@ -224,7 +224,7 @@ async fn a_floor_loads_its_workers_before_any_request_and_keeps_them_when_idle()
     tick(&mut fleet).await;
     assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
     assert_eq!(state(&broker).await, ModelState::Starting);
-    assert_eq!(fleet.status().snapshot()[0].reason, "MinReplicas");
+    assert_eq!(fleet.status().snapshot()[0].reason, "min-replicas");
     tokio::time::advance(Duration::from_secs(2)).await;
     settle().await;
     tick(&mut fleet).await;
@@ -268,7 +268,7 @@ async fn a_scheduled_floor_loads_a_worker_while_its_window_holds() {
     tokio::time::advance(Duration::from_secs(1)).await;
     tick(&mut fleet).await;
     assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
-    assert_eq!(fleet.status().snapshot()[0].reason, "ScheduledFloor");
+    assert_eq!(fleet.status().snapshot()[0].reason, "scheduled-floor");
     // the window closes at 09:00 UTC; idle since the start, the model scales to zero
     tokio::time::advance(Duration::from_secs(3600)).await;
     settle().await;

@@ -367,14 +367,18 @@ impl Broker for RedisBroker {
             tracing::info!(model, request_id = %j.job.id, consumer, attempt = j.attempt, "took over job");
         }
         // The taker prefills these again: they are new prefill demand for the autoscaler.
+        // The jobs are this consumer's already, so a failed count must not hide them from it.
         let re_prefill: u64 = got.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
         if re_prefill > 0 {
             let mut c = self.conn.clone();
-            let _total: i64 = redis::cmd("INCRBY")
+            let counted: redis::RedisResult<i64> = redis::cmd("INCRBY")
                 .arg(self.keys.prompt_tokens(model))
                 .arg(re_prefill)
                 .query_async(&mut c)
-                .await?;
+                .await;
+            if let Err(error) = counted {
+                tracing::warn!(model, %error, re_prefill, "could not count the re-prefill of jobs taken over");
+            }
         }
         count(m::TAKEN_OVER, model, got.len() as u64);
         Ok(got)

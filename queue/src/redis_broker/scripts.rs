@@ -58,12 +58,13 @@ return 1
 
 /// Re-enqueue. KEYS: the entry's stream, the model's resumed stream, the model's prompt-token
 /// counter. ARGV: entry, consumer, tokens the resumer re-prefills (estimate), field, value,
-/// ... Returns the new entry id, or 0 when not the owner.
+/// ... Returns the new entry id, or 0 when not the owner. The count is advisory: it cannot
+/// fail the re-enqueue (`pcall`).
 const REQUEUE: &str = r#"
 local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
 redis.call('XACK', KEYS[1], 'workers', ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
-redis.call('INCRBY', KEYS[3], ARGV[3])
+redis.pcall('INCRBY', KEYS[3], ARGV[3])
 return id
 "#;
 

@@ -47,9 +47,10 @@ pub enum Reason {
     MaxReplicas,
 }
 
-impl fmt::Display for Reason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
+impl Reason {
+    /// The reason in words, as events, metrics and `tidal status` name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
             Reason::Stable => "stable",
             Reason::Panic => "panic",
             Reason::Activation => "activation",
@@ -61,8 +62,13 @@ impl fmt::Display for Reason {
             Reason::MinReplicas => "min-replicas",
             Reason::ScheduledFloor => "scheduled-floor",
             Reason::MaxReplicas => "max-replicas",
-        };
-        f.write_str(s)
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -346,19 +346,22 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.series_csv {
-        let mut csv =
-            String::from("policy,t_s,arrivals_per_s,ready_spot,ready_on_demand,billed,backlog\n");
+        let mut csv = String::from(
+            "policy,t_s,arrivals_per_s,ready_spot,ready_on_demand,billed,backlog,desired,reason\n",
+        );
         for p in report.policies.iter().chain([&report.foresight]) {
             for x in &p.series {
                 csv.push_str(&format!(
-                    "{},{},{},{},{},{},{}\n",
+                    "{},{},{},{},{},{},{},{},{}\n",
                     p.name,
                     x.t_s,
                     x.arrivals_per_s,
                     x.ready_spot,
                     x.ready_on_demand,
                     x.billed,
-                    x.backlog
+                    x.backlog,
+                    x.desired,
+                    x.reason.unwrap_or("")
                 ));
             }
         }

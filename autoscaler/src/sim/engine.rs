@@ -55,6 +55,10 @@ pub struct Sample {
     pub billed: u32,
     /// Queued jobs.
     pub backlog: u64,
+    /// Replicas the autoscaler last asked for (spot and on-demand).
+    pub desired: u32,
+    /// Why, where the autoscaler says (our policy and the KPA baseline).
+    pub reason: Option<&'static str>,
 }
 
 /// Raw outcome of replaying a trace under one autoscaler.
@@ -100,6 +104,9 @@ struct Sim<'a> {
     /// Prompt tokens that entered the queue, arrivals and re-enqueued jobs alike, as the
     /// broker counts them (`arrived_prompt_tokens`).
     enqueued_prompt_tokens: u64,
+    /// The autoscaler's last decision and its reason, for the time series.
+    last_want: Desired,
+    last_reason: Option<&'static str>,
     run: PolicyRun,
     completed: usize,
 }
@@ -308,6 +315,8 @@ impl Sim<'_> {
             ready_on_demand: count(Capacity::OnDemand),
             billed: self.replicas.iter().filter(|r| r.billed()).count() as u32,
             backlog: self.queue.len() as u64,
+            desired: self.last_want.spot.saturating_add(self.last_want.on_demand),
+            reason: self.last_reason,
         };
         self.run.series.push(s);
     }
@@ -323,6 +332,8 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
         replicas: Vec::new(),
         queue: VecDeque::new(),
         enqueued_prompt_tokens: 0,
+        last_want: Desired::default(),
+        last_reason: None,
         run: PolicyRun {
             name: scaler.name().to_string(),
             spot_ms: 0,
@@ -377,6 +388,7 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
         if t >= next_tick {
             let obs = sim.observe(last_request);
             let want = scaler.desired(&obs, Duration::from_millis(t));
+            (sim.last_want, sim.last_reason) = (want, scaler.reason());
             sim.reconcile(want, t);
             next_tick += interval;
         }

@@ -2,7 +2,7 @@
 //! baseline, a KEDA + HPA baseline and a fixed fleet sized for the peak.
 
 use crate::observed::Observed;
-use crate::policy::{decide_at, PolicyState};
+use crate::policy::{decide_at, PolicyState, Reason};
 use crate::spec::{CapacityMode, ScalingSpec};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -28,6 +28,10 @@ pub trait Scaler {
     fn initial(&self) -> Desired {
         Desired::default()
     }
+    /// Why the last decision is what it is, for autoscalers that say (the time series).
+    fn reason(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Our policy: exactly the function the controller calls, with the spec's `floorSchedule`
@@ -39,6 +43,7 @@ pub struct Ours {
     state: PolicyState,
     tick: Duration,
     wall_clock_start_s: u64,
+    last_reason: Option<Reason>,
 }
 
 impl Ours {
@@ -51,6 +56,7 @@ impl Ours {
             state,
             tick,
             wall_clock_start_s: 0,
+            last_reason: None,
         }
     }
 
@@ -68,12 +74,16 @@ impl Scaler for Ours {
     fn name(&self) -> &str {
         &self.name
     }
+    fn reason(&self) -> Option<&'static str> {
+        self.last_reason.map(Reason::as_str)
+    }
     fn interval(&self) -> Duration {
         self.tick
     }
     fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
         let wall_clock = self.wall_clock_start_s.saturating_add(now.as_secs());
         let d = decide_at(metrics, &self.spec, &mut self.state, now, wall_clock);
+        self.last_reason = Some(d.reason);
         Desired {
             spot: d.spot,
             on_demand: d.on_demand,

@@ -152,6 +152,8 @@ mod tests {
                 ready_on_demand: 0,
                 billed: 1,
                 backlog: 0,
+                desired: 1,
+                reason: None,
             },
             Sample {
                 t_s: 10.0,
@@ -160,6 +162,8 @@ mod tests {
                 ready_on_demand: 1,
                 billed: 3,
                 backlog: 0,
+                desired: 3,
+                reason: Some("stable"),
             },
         ];
         let svg = render("a<b", &[("ours", &s), ("kpa", &s)]);

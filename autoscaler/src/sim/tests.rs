@@ -84,6 +84,18 @@ fn our_policy_keeps_a_scheduled_floor_on_the_simulated_wall_clock() {
 }
 
 #[test]
+fn the_series_records_what_the_autoscaler_asked_for_and_why_where_it_says() {
+    let f = fleet(tiny_profile());
+    let mut ours = Ours::new("ours", spec(), Duration::from_secs(1));
+    let run = run_policy(&one_request(), &f, &mut ours);
+    let first = run.series[0];
+    assert_eq!((first.desired, first.reason), (1, Some("activation")));
+    let keda = run_policy(&one_request(), &f, &mut Keda::new(1.0, 5));
+    assert!(keda.series.iter().all(|s| s.reason.is_none()));
+    assert!(keda.series.iter().any(|s| s.desired == 1));
+}
+
+#[test]
 fn one_request_from_zero_matches_the_hand_computation() {
     // activation on the arrival tick; 10 s cold start; 1 s prefill (first token at 11 s);
     // 10 more tokens at 10 tok/s (done at 12 s); billed 12 s of spot at 1,000/s

@@ -22,8 +22,8 @@ pub const MINUTES_PER_DAY: u16 = 24 * 60;
 /// Every day of the week, as a [`FloorWindow::days`] mask.
 pub const EVERY_DAY: u8 = 0b111_1111;
 
-/// Day names as `FloorWindow`'s text form (and the CRD) writes them, Monday first.
-pub const DAY_NAMES: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+/// Day names as `FloorWindow`'s text form writes them, Monday first.
+const DAY_NAMES: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
 
 /// A floor of `min_replicas` from `start_minute` to `end_minute` (minutes after midnight on
 /// the wall clock of `time_zone`) on the days in `days`. A window whose end is not after its

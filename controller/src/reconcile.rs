@@ -363,14 +363,9 @@ async fn tick(
     let decision = match (&mem.decision, due) {
         (Some(previous), false) => previous.clone(),
         _ => {
-            // The floor schedule is by wall-clock time, which only the controller knows.
-            let d = decide_at(
-                &observed,
-                scaling,
-                &mut mem.policy,
-                epoch(now),
-                epoch(now).as_secs(),
-            );
+            // The controller's clock is the wall clock, which the floor schedule reads.
+            let at = epoch(now);
+            let d = decide_at(&observed, scaling, &mut mem.policy, at, at.as_secs());
             mem.decided_at = Some(now);
             telemetry::record(&id, &observed, &d);
             d

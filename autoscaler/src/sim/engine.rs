@@ -112,6 +112,13 @@ struct Sim<'a> {
 }
 
 impl Sim<'_> {
+    /// Puts a job at the end of the queue and counts the tokens its next worker prefills
+    /// (a new job's prompt; an evicted one's prompt and delivered tokens), as the broker does.
+    fn enqueue(&mut self, job: Job) {
+        self.enqueued_prompt_tokens += job.prefill_left.round() as u64;
+        self.queue.push_back(job);
+    }
+
     fn observe(&self, last_request: Option<u64>) -> Observed {
         let mut obs = Observed {
             arrived_prompt_tokens: self.enqueued_prompt_tokens,
@@ -236,13 +243,10 @@ impl Sim<'_> {
                 let reqs = self.reqs;
                 let (jobs, recompute) = r.evict(|k| reqs[k].prompt_tokens);
                 self.run.recomputed_tokens += recompute;
-                // re-enqueued like the workers do it: XADD to the end of the stream, counting
-                // what the next worker prefills again (prompt and delivered tokens)
-                self.enqueued_prompt_tokens += jobs
-                    .iter()
-                    .map(|j| j.prefill_left.round() as u64)
-                    .sum::<u64>();
-                self.queue.extend(jobs);
+                // re-enqueued like the workers do it: XADD to the end of the stream
+                for job in jobs {
+                    self.enqueue(job);
+                }
             } else {
                 i += 1;
             }
@@ -378,10 +382,8 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
     loop {
         while next < n && reqs[next].arrival_ms <= t {
             let r = &reqs[next];
-            sim.queue
-                .push_back(Job::new(next, r.prompt_tokens, r.generated_tokens));
+            sim.enqueue(Job::new(next, r.prompt_tokens, r.generated_tokens));
             last_request = Some(r.arrival_ms);
-            sim.enqueued_prompt_tokens += u64::from(r.prompt_tokens);
             next += 1;
             arrivals += 1;
         }

@@ -96,9 +96,11 @@ impl State {
             .map(|(r, _)| r.clone())
     }
 
+    /// Adds `job` to its model's fresh or resumed stream and counts the tokens its worker
+    /// will prefill (enqueues and requeues alike).
     fn add_job(&mut self, job: &Job, now: u64) -> StreamId {
         self.enqueues += 1;
-        *self.prompt_tokens.entry(job.model.clone()).or_default() += job.prompt_tokens_estimate();
+        self.count_prompt_tokens(&job.model, job.prompt_tokens_estimate());
         if self.enqueues.is_multiple_of(SWEEP_EVERY) {
             self.sweep(now);
         }
@@ -106,6 +108,11 @@ impl State {
             .entry((job.model.clone(), job.resume.is_some()))
             .or_default()
             .add(now, job.clone())
+    }
+
+    /// Adds to the model's `arrived_prompt_tokens`, the autoscaler's prefill demand.
+    fn count_prompt_tokens(&mut self, model: &str, tokens: u64) {
+        *self.prompt_tokens.entry(model.to_owned()).or_default() += tokens;
     }
 
     /// The start gate (module docs of [`crate::broker`]): whether the delivered entry may
@@ -292,7 +299,7 @@ impl Broker for MemoryBroker {
         }
         // The taker prefills these again: they are new prefill demand for the autoscaler.
         let re_prefill: u64 = out.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
-        *st.prompt_tokens.entry(model.to_owned()).or_default() += re_prefill;
+        st.count_prompt_tokens(model, re_prefill);
         count(m::TAKEN_OVER, model, out.len() as u64);
         Ok(out)
     }
@@ -341,12 +348,8 @@ impl Broker for MemoryBroker {
             s.delete(old);
             let mut next = job.job.clone();
             next.resume = Some(resume);
-            *st.prompt_tokens.entry(next.model.clone()).or_default() +=
-                next.prompt_tokens_estimate();
-            st.jobs
-                .entry((job.job.model.clone(), true))
-                .or_default()
-                .add(now, next)
+            // to the resumed stream (it has a resume record), counted like any enqueue
+            st.add_job(&next, now)
         };
         count(m::REENQUEUED, &job.job.model, 1);
         self.changed.notify_waiters();

@@ -152,6 +152,12 @@ fn a_negative_prefill_rate_is_refused_before_anything_starts() {
         stderr.contains("scaling settings") && stderr.contains("prefillTokensPerSecond"),
         "{stderr}"
     );
+    let stderr = up_refuses(&["--decoding-weight", "1.5"]);
+    assert!(
+        stderr.contains("--decoding-weight")
+            && stderr.contains("decodingWeight must be from 0 to 1, got 1.5"),
+        "{stderr}"
+    );
 }
 
 #[test]

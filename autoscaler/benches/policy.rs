@@ -35,6 +35,7 @@ fn decide_tick(c: &mut Criterion) {
                     on_demand: CapacityObserved::default(),
                     last_request_at: Some(Duration::from_millis(t)),
                     arrived_prompt_tokens: t * 10,
+                    decoding: 0,
                 };
                 black_box(decide(
                     black_box(&obs),

@@ -42,6 +42,10 @@ pub struct Observed {
     pub backlog: u64,
     /// Jobs claimed and not yet acknowledged (pending entries).
     pub in_flight: u64,
+    /// Of `in_flight`, the jobs whose worker has delivered their first token: they only
+    /// decode now, while the others still wait for prefill.
+    /// Zero where the broker does not know (every claimed job then counts as waiting).
+    pub decoding: u64,
     /// Spot replicas.
     pub spot: CapacityObserved,
     /// On-demand replicas.
@@ -59,8 +63,41 @@ impl Observed {
         self.backlog.saturating_add(self.in_flight)
     }
 
+    /// Demand in request units, with each decoding job weighing `decoding_weight` of a queued
+    /// or prefilling one (`decodingWeight`); `decoding` beyond `in_flight` is ignored.
+    pub fn weighted_demand(&self, decoding_weight: f64) -> f64 {
+        let decoding = self.decoding.min(self.in_flight);
+        (self.demand() - decoding) as f64 + decoding as f64 * decoding_weight
+    }
+
     /// Ready replicas across capacity types.
     pub fn ready(&self) -> u32 {
         self.spot.ready.saturating_add(self.on_demand.ready)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_demand_discounts_decoding_jobs_within_in_flight() {
+        let obs = Observed {
+            backlog: 2,
+            in_flight: 10,
+            decoding: 6,
+            ..Observed::default()
+        };
+        assert_eq!(obs.weighted_demand(1.0), 12.0);
+        assert_eq!(obs.weighted_demand(0.5), 9.0);
+        assert_eq!(obs.weighted_demand(0.0), 6.0);
+        // a broker that reports more decoding jobs than it holds cannot push demand below
+        // the backlog
+        let stale = Observed {
+            decoding: 50,
+            ..obs
+        };
+        assert_eq!(stale.weighted_demand(0.0), 2.0);
+        assert_eq!(stale.demand(), 12);
     }
 }

@@ -9,7 +9,8 @@
 //! entries), so no activator is needed: with nothing running, the first queued request
 //! activates replicas on the same tick, sized from the instantaneous backlog. With
 //! `prefillTokensPerSecond` set, the demand is also at least the replicas that the prompt
-//! tokens of the last TTFT target need ([`crate::prefill`]).
+//! tokens of the last TTFT target need ([`crate::prefill`]). A job that is only decoding
+//! weighs `decodingWeight` of a waiting one.
 
 use crate::capacity::{split, Split};
 use crate::observed::Observed;
@@ -156,7 +157,9 @@ pub fn decide(
         0.0
     };
     // Prefill demand in request-count units, so both go through the same windows.
-    let demand = (metrics.demand() as f64).max(prefill_demand * target);
+    let demand = metrics
+        .weighted_demand(spec.decoding_weight)
+        .max(prefill_demand * target);
     state.window.record(now, demand);
     let stable_demand = match spec.stable_aggregate {
         StableAggregate::Mean => state.window.average(now, spec.stable_window),

@@ -77,6 +77,7 @@ impl Fleet {
             on_demand: self.capacity(&self.od, now),
             last_request_at: last.map(s),
             arrived_prompt_tokens: 0,
+            decoding: 0,
         }
     }
 
@@ -361,6 +362,57 @@ fn in_flight_work_blocks_scale_to_zero_whatever_the_idle_time() {
         ..obs
     };
     assert_eq!(decide(&queued, &sp, &mut st, s(10_001)).serving, 1);
+}
+
+/// 4 queued, 16 prefilling and 40 decoding against 10 per replica: a decoding job weighs
+/// `decodingWeight` of a waiting one, so the same queue asks for 6, 3 or 2 replicas.
+#[test]
+fn decoding_jobs_weigh_the_decoding_weight_of_a_waiting_one() {
+    let obs = Observed {
+        backlog: 4,
+        in_flight: 56,
+        decoding: 40,
+        spot: CapacityObserved {
+            ready: 4,
+            ..Default::default()
+        },
+        last_request_at: Some(s(0)),
+        ..Default::default()
+    };
+    for (weight, replicas) in [(1.0, 6), (0.25, 3), (0.0, 2)] {
+        let sp = ScalingSpec {
+            decoding_weight: weight,
+            ..spec()
+        };
+        let d = decide(&obs, &sp, &mut PolicyState::new(&sp), s(1));
+        assert_eq!(
+            (d.serving, d.reason),
+            (replicas, Reason::Stable),
+            "{weight}"
+        );
+        assert!((d.stable_demand - (20.0 + 40.0 * weight)).abs() < 1e-9);
+    }
+}
+
+/// Weighed at nothing, jobs that only decode still keep a replica: the model is not idle.
+#[test]
+fn decoding_jobs_weighed_at_zero_still_block_scale_to_zero() {
+    let sp = ScalingSpec {
+        decoding_weight: 0.0,
+        ..spec()
+    };
+    let obs = Observed {
+        in_flight: 3,
+        decoding: 3,
+        spot: CapacityObserved {
+            ready: 1,
+            ..Default::default()
+        },
+        last_request_at: Some(s(0)),
+        ..Default::default()
+    };
+    let d = decide(&obs, &sp, &mut PolicyState::new(&sp), s(10_000));
+    assert_eq!((d.serving, d.reason), (1, Reason::IdleGrace));
 }
 
 #[test]

@@ -103,6 +103,12 @@ pub struct ScalingSpec {
     /// Floors by time of day (each on the clock of its time zone) that raise `minReplicas`
     /// while they hold ([`Self::at_wall_clock`]); empty: `minReplicas` all day.
     pub floor_schedule: Vec<FloorWindow>,
+    /// What a job that has delivered its first token (and only decodes now) weighs in the
+    /// demand, as a fraction of a queued or prefilling one, from 0 to 1. 1 (the default)
+    /// counts every job alike, as Knative counts concurrency. Lower, the tail of a burst,
+    /// whose jobs only decode, no longer buys replicas the warm fleet carries; it costs SLO
+    /// where those replicas were prefill headroom (docs/autoscaling.md, "Decoding weight").
+    pub decoding_weight: f64,
 }
 
 impl Default for ScalingSpec {
@@ -128,6 +134,7 @@ impl Default for ScalingSpec {
             prefill_utilisation: 0.75,
             prefill_tolerance_replicas: 1.2,
             floor_schedule: Vec::new(),
+            decoding_weight: 1.0,
         }
     }
 }
@@ -162,6 +169,9 @@ pub enum SpecError {
         /// the offending value
         value: f64,
     },
+    /// `decodingWeight` outside `[0, 1]`.
+    #[error("decodingWeight must be from 0 to 1, got {0}")]
+    DecodingWeight(f64),
     /// `prefillUtilisation` outside `(0, 1]`.
     #[error("prefillUtilisation must be above 0 and at most 1, got {0}")]
     Utilisation(f64),
@@ -255,6 +265,9 @@ impl ScalingSpec {
         }
         if !(self.prefill_utilisation > 0.0 && self.prefill_utilisation <= 1.0) {
             return Err(SpecError::Utilisation(self.prefill_utilisation));
+        }
+        if !(0.0..=1.0).contains(&self.decoding_weight) {
+            return Err(SpecError::DecodingWeight(self.decoding_weight));
         }
         if self.prefill_tokens_per_second > 0.0 && self.ttft_target.is_zero() {
             return Err(SpecError::NoTtftTarget);
@@ -544,6 +557,18 @@ mod tests {
             bad(|s| s.prefill_utilisation = 1.5),
             SpecError::Utilisation(1.5)
         );
+        assert_eq!(
+            bad(|s| s.decoding_weight = 1.01),
+            SpecError::DecodingWeight(1.01)
+        );
+        assert_eq!(
+            bad(|s| s.decoding_weight = -0.1),
+            SpecError::DecodingWeight(-0.1)
+        );
+        assert!(matches!(
+            bad(|s| s.decoding_weight = f64::NAN),
+            SpecError::DecodingWeight(_)
+        ));
         assert_eq!(
             bad(|s| {
                 s.prefill_tokens_per_second = 10_000.0;

@@ -20,6 +20,11 @@ pub const PANIC_DEMAND: &str = "tidal_autoscaler_panic_demand";
 pub const PREFILL_DEMAND: &str = "tidal_autoscaler_prefill_demand";
 /// Gauge: jobs queued and not claimed, labelled `model`.
 pub const BACKLOG: &str = "tidal_autoscaler_backlog";
+/// Gauge: jobs claimed and not finished, labelled `model`.
+pub const IN_FLIGHT: &str = "tidal_autoscaler_in_flight";
+/// Gauge: of those, the jobs whose first token is out (weighed `decodingWeight`), labelled
+/// `model`.
+pub const DECODING: &str = "tidal_autoscaler_decoding";
 /// Counter: decisions, labelled `model` and `reason`.
 pub const DECISIONS: &str = "tidal_autoscaler_decisions_total";
 
@@ -36,6 +41,8 @@ pub fn record(model: &str, observed: &Observed, d: &Decision) {
     metrics::gauge!(PANIC_DEMAND, "model" => m.clone()).set(d.panic_demand);
     metrics::gauge!(PREFILL_DEMAND, "model" => m.clone()).set(d.prefill_demand);
     metrics::gauge!(BACKLOG, "model" => m.clone()).set(observed.backlog as f64);
+    metrics::gauge!(IN_FLIGHT, "model" => m.clone()).set(observed.in_flight as f64);
+    metrics::gauge!(DECODING, "model" => m.clone()).set(observed.decoding as f64);
     metrics::counter!(DECISIONS, "model" => m, "reason" => d.reason.to_string()).increment(1);
 }
 

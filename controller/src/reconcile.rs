@@ -356,6 +356,7 @@ async fn tick(
         on_demand: on_demand.capacity.clone(),
         last_request_at: mem.last_request.map(epoch),
         arrived_prompt_tokens: depth.arrived_prompt_tokens,
+        decoding: depth.decoding,
     };
     let due = mem.decided_at.is_none_or(|t| {
         now.duration_since(t).unwrap_or_default() >= ctx.settings.tick.mul_f64(0.9)

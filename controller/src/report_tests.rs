@@ -32,6 +32,7 @@ fn observed(spot_ready: u32, od_ready: u32, backlog: u64) -> Observed {
         },
         last_request_at: None,
         arrived_prompt_tokens: 0,
+        decoding: 0,
     }
 }
 

@@ -159,6 +159,7 @@ impl ModelSpec {
             fallback_after: secs(c.fallback_after_seconds),
             prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
             ttft_target: Duration::from_millis(u64::from(s.ttft_target_milliseconds)),
+            decoding_weight: f64::from(s.decoding_weight_percent) / 100.0,
             floor_schedule: s
                 .floor_schedule
                 .iter()

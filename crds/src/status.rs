@@ -53,6 +53,9 @@ pub struct ModelStatus {
     /// Jobs claimed and not yet finished.
     #[serde(default)]
     pub in_flight: u64,
+    /// Of `inFlight`, the jobs whose first token is out (only decoding now).
+    #[serde(default)]
+    pub decoding: u64,
     /// When the controller last saw work for the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_request_time: Option<Time>,

@@ -41,6 +41,7 @@ fn scaling_maps_every_field() {
             fallback_after: Duration::from_secs(60),
             prefill_tokens_per_second: 4000.0,
             ttft_target: Duration::from_secs(2),
+            decoding_weight: 0.5,
             floor_schedule: vec![tidal_autoscaler::FloorWindow {
                 days: 0b001_1111,
                 start_minute: 8 * 60,

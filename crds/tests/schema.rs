@@ -154,6 +154,12 @@ fn schema_carries_validation() {
         ),
         "{rules:?}"
     );
+    let weight = &scaling["properties"]["decodingWeightPercent"];
+    assert_eq!(
+        (weight["minimum"].as_f64(), weight["maximum"].as_f64()),
+        (Some(0.0), Some(100.0))
+    );
+    assert_eq!(scaling["default"]["decodingWeightPercent"], 100);
     let floor = &scaling["properties"]["floorSchedule"]["items"];
     assert_eq!(floor["required"], json!(["end", "minReplicas", "start"]));
     assert_eq!(

@@ -110,6 +110,13 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Marks a finished job done and removes it from the stream.
     async fn ack(&self, job: &ClaimedJob) -> Result<()>;
 
+    /// Records that `job`'s first token is out: from now on it only decodes, and
+    /// [`QueueDepth::decoding`](crate::QueueDepth::decoding) counts it until it is acked,
+    /// re-enqueued or taken over (then it waits for a first token again). The autoscaler
+    /// weighs such jobs lower than those waiting for prefill. Fails with `NotOwner` when
+    /// `job.consumer` no longer holds it.
+    async fn mark_decoding(&self, job: &ClaimedJob) -> Result<()>;
+
     /// Atomically appends the job again with `resume` (its `segments` is set to
     /// `job.segment() + 1`) and acks the old entry; returns the new entry id.
     /// Re-enqueued jobs wait in the model's resumed stream, which every claim and takeover

@@ -90,6 +90,13 @@ impl Keys {
         format!("{}prompt-tokens:{model}", self.prefix)
     }
 
+    /// Set of the request ids of one model whose worker has delivered their first token
+    /// ([`crate::Broker::mark_decoding`]); a job leaves it when acked, re-enqueued or
+    /// delivered again (takeover).
+    pub fn decoding(&self, model: &str) -> String {
+        format!("{}decoding:{model}", self.prefix)
+    }
+
     /// Heartbeat hash of one model's workers.
     pub fn workers(&self, model: &str) -> String {
         format!("{}workers:{model}", self.prefix)
@@ -123,6 +130,7 @@ mod tests {
         assert_eq!(k.idempotency("acme", "k1"), "tidal:idem:4:acme:k1");
         assert_ne!(k.idempotency("a", "b:c"), k.idempotency("a:b", "c"));
         assert_eq!(k.workers("m"), "tidal:workers:m");
+        assert_eq!(k.decoding("m"), "tidal:decoding:m");
         assert_eq!(Keys::new("x:").usage(), "x:usage");
     }
 }

@@ -325,6 +325,10 @@ pub struct QueueDepth {
     pub backlog: u64,
     /// Jobs claimed and not yet acked (pending entries).
     pub in_flight: u64,
+    /// Of `in_flight`, the jobs whose worker has delivered their first token
+    /// ([`crate::Broker::mark_decoding`]): they only decode now.
+    #[serde(default)]
+    pub decoding: u64,
     /// How long the oldest unclaimed job has waited (`None` when the backlog is empty).
     pub oldest_wait_ms: Option<u64>,
     /// Prompt tokens enqueued for the model so far (`enqueue` and `submit`), estimated by

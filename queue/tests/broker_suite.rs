@@ -51,4 +51,5 @@ suite!(
     request_records,
     idempotent_submits,
     prompt_tokens_are_counted,
+    decoding_jobs_are_counted,
 );

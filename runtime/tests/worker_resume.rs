@@ -105,7 +105,7 @@ async fn interrupt_and_resume(h: Harness, crash: bool) {
     // Some request ran in more than one segment.
     assert!(by.values().any(|segs| segs.len() > 1), "{by:?}");
     let d = b.depth("m").await.unwrap();
-    assert_eq!((d.backlog, d.in_flight), (0, 0));
+    assert_eq!((d.backlog, d.in_flight, d.decoding), (0, 0, 0));
 }
 
 async fn drained_jobs_resume_on_another_worker(h: Harness) {
@@ -141,6 +141,19 @@ async fn long_generations_are_kept_alive(h: Harness) {
     b.enqueue(&j).await.unwrap();
     let status = w1.status.clone();
     wait_until("w1 claimed", LONG, || status.held() == 1).await;
+    // once its first token is out, the broker counts it as decoding (for the autoscaler)
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let d = b.depth("m").await.unwrap();
+        if (d.in_flight, d.decoding) == (1, 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never decoding: {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     config.name = "w2".into();
     let w2 = spawn_worker(model.clone(), b.clone(), config);
     let started = std::time::Instant::now();
@@ -158,4 +171,5 @@ async fn long_generations_are_kept_alive(h: Harness) {
     let by = usage_by_request(&usage_events(&*b).await);
     assert_eq!(by[&j.id].len(), 1);
     assert_billed(&by, j.id, 6, LONG_GENERATION as u64);
+    assert_eq!(b.depth("m").await.unwrap().decoding, 0, "acked");
 }

@@ -80,6 +80,10 @@ pub struct UpArgs {
     /// several workers, also size for the prompt tokens of each `--ttft-target` (0: off).
     #[arg(long, default_value_t = 0.0)]
     pub prefill_tokens_per_second: f64,
+    /// What a request whose first token is out (only decoding) weighs in a worker's load,
+    /// against one waiting for prefill, 0 to 1 (`decodingWeight`; 1: every request alike).
+    #[arg(long, default_value_t = ScalingSpec::default().decoding_weight)]
+    pub decoding_weight: f64,
     /// The time to first token that `--prefill-tokens-per-second` sizes for.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub ttft_target: Duration,
@@ -129,12 +133,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         scale_to_zero_after: args.scale_to_zero_after,
         prefill_tokens_per_second: args.prefill_tokens_per_second,
         ttft_target: args.ttft_target,
+        decoding_weight: args.decoding_weight,
         floor_schedule: args.floor_windows,
         ..ScalingSpec::default()
     };
-    scaling
-        .validate()
-        .context("scaling settings (--min-workers, --max-workers, --floor-window, ...)")?;
+    scaling.validate().context(
+        "scaling settings (--min-workers, --max-workers, --floor-window, --decoding-weight, ...)",
+    )?;
     let config = UpConfig {
         models: args.models,
         listen: args.listen,

@@ -125,6 +125,10 @@ pub struct SimArgs {
     /// Our policy: `prefillToleranceReplicas` (both `ours` rows).
     #[arg(long, default_value_t = ScalingSpec::default().prefill_tolerance_replicas)]
     pub prefill_tolerance: f64,
+    /// Our policy: `decodingWeight`, what a job that has delivered its first token weighs in
+    /// the demand against a waiting one, 0 to 1 (both `ours` rows).
+    #[arg(long, default_value_t = ScalingSpec::default().decoding_weight)]
+    pub decoding_weight: f64,
     /// Our policy: capacity mode (spot, on-demand, spot-with-fallback).
     #[arg(long, default_value = "spot-with-fallback")]
     pub capacity_mode: String,
@@ -281,6 +285,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         prefill_utilisation: args.prefill_utilisation,
         prefill_tolerance_replicas: args.prefill_tolerance,
         floor_schedule: args.floor_windows.clone(),
+        decoding_weight: args.decoding_weight,
         ..ScalingSpec::default()
     };
     spec.validate()?;

@@ -128,6 +128,8 @@ impl Sim<'_> {
         };
         for r in &self.replicas {
             obs.in_flight += r.seqs.len() as u64;
+            // a job has delivered its first token once its (re-)prefill is done
+            obs.decoding += r.seqs.iter().filter(|j| j.prefill_left == 0.0).count() as u64;
             let c: &mut CapacityObserved = match r.capacity {
                 Capacity::Spot => &mut obs.spot,
                 Capacity::OnDemand => &mut obs.on_demand,

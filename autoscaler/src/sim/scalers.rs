@@ -103,6 +103,8 @@ pub fn knative_kpa(target_in_flight: f64, max_replicas: u32, tick: Duration) -> 
         target_in_flight_per_replica: target_in_flight * 0.7,
         scale_to_zero_after: Duration::from_secs(90),
         capacity_mode: CapacityMode::OnDemand,
+        // KPA counts concurrent requests, decoding or not
+        decoding_weight: 1.0,
         ..ScalingSpec::default()
     };
     Ours::new("knative-kpa", spec, tick)

@@ -404,9 +404,11 @@ fn the_engine_feeds_arrived_prompt_tokens_to_the_policy() {
     assert_eq!(starts(sized), 10);
 }
 
-/// One spot replica, none from 13 s to 14 s; remembers the prompt-token counter it saw.
+/// One spot replica, none from 13 s to 14 s; remembers the prompt-token counter it saw and
+/// the jobs in flight and decoding at each second.
 struct DrainOnce {
     seen: u64,
+    jobs: Vec<(u64, u64)>,
 }
 
 impl Scaler for DrainOnce {
@@ -418,6 +420,7 @@ impl Scaler for DrainOnce {
     }
     fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
         self.seen = metrics.arrived_prompt_tokens;
+        self.jobs.push((metrics.in_flight, metrics.decoding));
         let off = (13..14).contains(&now.as_secs());
         Desired {
             spot: u32::from(!off),
@@ -440,11 +443,43 @@ fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
         drain_ms: 0,
         ..fleet(tiny_profile())
     };
-    let mut scaler = DrainOnce { seen: 0 };
+    let mut scaler = DrainOnce {
+        seen: 0,
+        jobs: vec![],
+    };
     let run = run_policy(&reqs, &f, &mut scaler);
     assert_eq!(run.completions, vec![1]);
     assert!(run.recomputed_tokens > 1_000, "{}", run.recomputed_tokens);
     assert_eq!(scaler.seen, 1_000 + run.recomputed_tokens);
+}
+
+#[test]
+fn a_job_counts_as_decoding_from_its_first_token_until_it_is_re_enqueued() {
+    // as above: claimed just after the 10 s tick, first token by 11 s, re-enqueued at 13 s;
+    // the next replica claims it just after the 24 s tick and needs more than a second to
+    // prefill the prompt and the delivered tokens again
+    let reqs = vec![Request {
+        arrival_ms: 0,
+        prompt_tokens: 1_000,
+        generated_tokens: 100,
+    }];
+    let f = FleetConfig {
+        drain_ms: 0,
+        ..fleet(tiny_profile())
+    };
+    let mut scaler = DrainOnce {
+        seen: 0,
+        jobs: vec![],
+    };
+    run_policy(&reqs, &f, &mut scaler);
+    let at = |s: usize| scaler.jobs[s];
+    assert_eq!((at(10), at(11), at(13)), ((0, 0), (1, 1), (1, 1)));
+    assert_eq!(at(14), (0, 0), "queued again");
+    assert_eq!(
+        (at(25), at(26)),
+        ((1, 0), (1, 1)),
+        "prefilling, then decoding"
+    );
 }
 
 #[test]

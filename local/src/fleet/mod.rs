@@ -45,6 +45,8 @@ pub struct ModelStatus {
     pub desired: u32,
     pub backlog: u64,
     pub in_flight: u64,
+    /// Of `in_flight`, the jobs whose first token is out.
+    pub decoding: u64,
     pub oldest_wait_ms: Option<u64>,
     /// Model load time of the most recent worker start.
     pub last_cold_start_ms: Option<u64>,
@@ -130,6 +132,7 @@ impl Fleet {
                     desired: 0,
                     backlog: 0,
                     in_flight: 0,
+                    decoding: 0,
                     oldest_wait_ms: None,
                     last_cold_start_ms: None,
                     cold_starts: 0,
@@ -236,6 +239,7 @@ impl Fleet {
             },
             last_request_at: slot.last_request_at,
             arrived_prompt_tokens: depth.arrived_prompt_tokens,
+            decoding: depth.decoding,
         };
         let decision = decide_at(
             &observed,
@@ -284,6 +288,7 @@ impl Fleet {
         slot.status.desired = desired;
         slot.status.backlog = depth.backlog;
         slot.status.in_flight = depth.in_flight;
+        slot.status.decoding = depth.decoding;
         slot.status.oldest_wait_ms = depth.oldest_wait_ms;
         slot.status.reason = decision.reason.to_string();
         metrics::gauge!("tidal_fleet_replicas", "model" => id.clone(), "phase" => "ready")

@@ -354,3 +354,32 @@ async fn models_scale_independently() {
     );
     assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
 }
+
+/// Jobs whose first token is out weigh `decodingWeight`: eight that only decode ask for two
+/// workers at weight 1 and for one at 0.25, and the status shows them.
+#[tokio::test(start_paused = true)]
+async fn decoding_jobs_weigh_the_decoding_weight() {
+    for (weight, workers) in [(1.0, 2), (0.25, 1)] {
+        let broker = Arc::new(MemoryBroker::default());
+        let launcher = FakeLauncher::new(Duration::from_millis(500));
+        let spec = ScalingSpec {
+            decoding_weight: weight,
+            ..spec(Duration::from_secs(30))
+        };
+        let mut fleet = fleet_of(&broker, &launcher, spec, FleetConfig::default());
+        tick(&mut fleet).await;
+        for _ in 0..8 {
+            broker.enqueue(&job("m")).await.unwrap();
+        }
+        for claimed in broker.claim("m", "w", 8, Duration::ZERO).await.unwrap() {
+            broker.mark_decoding(&claimed).await.unwrap();
+        }
+        tick(&mut fleet).await;
+        let s = &fleet.status().snapshot()[0];
+        assert_eq!(
+            (s.in_flight, s.decoding, s.desired),
+            (8, 8, workers),
+            "weight {weight}"
+        );
+    }
+}

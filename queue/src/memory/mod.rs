@@ -338,6 +338,13 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
+    async fn mark_decoding(&self, job: &ClaimedJob) -> Result<()> {
+        let mut st = self.lock();
+        let (s, id) = st.owned(job)?;
+        s.mark_decoding(id);
+        Ok(())
+    }
+
     async fn requeue(&self, job: &ClaimedJob, mut resume: Resume) -> Result<EntryId> {
         resume.segments = job.segment() + 1;
         let now = self.now();
@@ -388,6 +395,7 @@ impl Broker for MemoryBroker {
                 let (backlog, oldest) = s.backlog();
                 total.backlog += backlog;
                 total.in_flight += s.pending_len();
+                total.decoding += s.decoding_len();
                 let wait = oldest.map(|id| now.saturating_sub(id.ms));
                 total.oldest_wait_ms = total.oldest_wait_ms.max(wait);
             }

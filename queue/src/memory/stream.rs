@@ -34,6 +34,8 @@ pub(crate) struct Pending {
     pub consumer: String,
     pub delivered_ms: u64,
     pub count: u32,
+    /// Its holder has delivered the job's first token (the broker's decoding mark).
+    pub decoding: bool,
 }
 
 /// Entries plus one consumer group.
@@ -90,6 +92,7 @@ impl<T: Clone> GroupStream<T> {
                     consumer: consumer.to_owned(),
                     delivered_ms: now_ms,
                     count: 1,
+                    decoding: false,
                 },
             );
         }
@@ -129,6 +132,7 @@ impl<T: Clone> GroupStream<T> {
                     p.consumer = consumer.to_owned();
                     p.delivered_ms = now_ms;
                     p.count += 1;
+                    p.decoding = false;
                     out.push((*id, v.clone(), p.count));
                 }
                 None => gone.push(*id),
@@ -155,6 +159,19 @@ impl<T: Clone> GroupStream<T> {
     /// The pending record of `id`.
     pub fn pending(&self, id: StreamId) -> Option<&Pending> {
         self.pending.get(&id)
+    }
+
+    /// Marks pending `id` as decoding; whether it was pending.
+    pub fn mark_decoding(&mut self, id: StreamId) -> bool {
+        self.pending
+            .get_mut(&id)
+            .map(|p| p.decoding = true)
+            .is_some()
+    }
+
+    /// Pending entries marked decoding.
+    pub fn decoding_len(&self) -> u64 {
+        self.pending.values().filter(|p| p.decoding).count() as u64
     }
 
     /// `XACK`: whether it was pending.

@@ -235,9 +235,11 @@ impl RedisBroker {
                 .key(self.keys.state(job.id))
                 .key(key)
                 .key(self.keys.cancel(job.id))
+                .key(self.keys.decoding(model))
                 .arg(&e.id)
                 .arg(job.deadline_ms)
                 .arg(ms(self.config.request_ttl))
+                .arg(job.id.to_string())
                 .invoke_async(&mut c)
                 .await?;
             let r = items(&v).unwrap_or_default();
@@ -431,15 +433,39 @@ impl Broker for RedisBroker {
                     .job_stream(&job.job.model, job.job.resume.is_some()),
             )
             .key(self.keys.state(job.job.id))
+            .key(self.keys.decoding(&job.job.model))
             .arg(&job.entry_id)
             .arg(&job.consumer)
             .arg(ms(self.config.response_ttl).max(1))
+            .arg(job.job.id.to_string())
             .invoke_async(&mut c)
             .await?;
         if n != 1 {
             return Err(Self::not_owner(job));
         }
         count(m::ACKED, &job.job.model, 1);
+        Ok(())
+    }
+
+    async fn mark_decoding(&self, job: &ClaimedJob) -> Result<()> {
+        let mut c = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .mark_decoding
+            .key(
+                self.keys
+                    .job_stream(&job.job.model, job.job.resume.is_some()),
+            )
+            .key(self.keys.decoding(&job.job.model))
+            .arg(&job.entry_id)
+            .arg(&job.consumer)
+            .arg(job.job.id.to_string())
+            .arg(ms(self.config.request_ttl).max(1))
+            .invoke_async(&mut c)
+            .await?;
+        if n != 1 {
+            return Err(Self::not_owner(job));
+        }
         Ok(())
     }
 
@@ -455,9 +481,11 @@ impl Broker for RedisBroker {
             .key(self.keys.job_stream(model, job.job.resume.is_some()));
         inv.key(self.keys.resumed(model));
         inv.key(self.keys.prompt_tokens(model));
+        inv.key(self.keys.decoding(model));
         inv.arg(&job.entry_id)
             .arg(&job.consumer)
-            .arg(next.prompt_tokens_estimate());
+            .arg(next.prompt_tokens_estimate())
+            .arg(job.job.id.to_string());
         for (k, v) in job_fields(&next)? {
             inv.arg(k).arg(v);
         }
@@ -505,20 +533,24 @@ impl Broker for RedisBroker {
             .key(self.keys.jobs(model))
             .key(self.keys.resumed(model))
             .key(self.keys.prompt_tokens(model))
+            .key(self.keys.decoding(model))
             .invoke_async(&mut c)
             .await?;
-        let [b1, p1, w1, b2, p2, w2, tokens] = v[..] else {
+        let [b1, p1, w1, b2, p2, w2, tokens, decoding] = v[..] else {
             return Err(QueueError::Malformed {
                 what: "depth reply",
                 detail: format!("{v:?}"),
             });
         };
         let count = |n: i64| n.max(0) as u64;
+        let in_flight = count(p1) + count(p2);
         Ok(QueueDepth {
             backlog: count(b1) + count(b2),
-            in_flight: count(p1) + count(p2),
+            in_flight,
             oldest_wait_ms: u64::try_from(w1).ok().max(u64::try_from(w2).ok()),
             arrived_prompt_tokens: count(tokens),
+            // a member the set kept past its job cannot count beyond the jobs held
+            decoding: count(decoding).min(in_flight),
         })
     }
 
@@ -527,7 +559,8 @@ impl Broker for RedisBroker {
         cmd.arg(self.keys.jobs(model))
             .arg(self.keys.resumed(model))
             .arg(self.keys.workers(model))
-            .arg(self.keys.prompt_tokens(model));
+            .arg(self.keys.prompt_tokens(model))
+            .arg(self.keys.decoding(model));
         self.query::<i64>(&cmd).await?;
         Ok(())
     }

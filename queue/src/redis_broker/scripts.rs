@@ -4,10 +4,13 @@
 use redis::Script;
 
 /// Start gate, run on every delivered job (claim or takeover).
-/// KEYS: state, jobs, cancel. ARGV: entry, deadline_ms, ttl_ms.
-/// Returns `{1, times_delivered}` when the job may run; `{0, 0}` when it was dropped
-/// (withdrawn, cancelled or past its deadline before it started), acked and deleted.
+/// KEYS: state, jobs, cancel, the model's decoding set. ARGV: entry, deadline_ms, ttl_ms,
+/// request id. Returns `{1, times_delivered}` when the job may run; `{0, 0}` when it was
+/// dropped (withdrawn, cancelled or past its deadline before it started), acked and deleted.
+/// A job delivered again (takeover) waits for its first token again: it leaves the decoding
+/// set.
 const GATE: &str = r#"
+redis.call('SREM', KEYS[4], ARGV[4])
 local function drop()
   redis.call('SET', KEYS[1], 'withdrawn', 'PX', ARGV[3])
   redis.call('XACK', KEYS[2], 'workers', ARGV[1])
@@ -45,27 +48,39 @@ local p = redis.pcall('XPENDING', KEYS[1], 'workers', ARGV[1], ARGV[1], 1)
 if type(p) ~= 'table' or p.err or #p == 0 or p[1][2] ~= ARGV[2] then return 0 end
 "#;
 
-/// Ack. KEYS: the entry's stream, state. ARGV: entry, consumer, finished-gate ttl_ms.
-/// Returns 1, or 0 when not the owner. The gate of a finished job only has to outlive late
-/// withdraws, so its expiry is shortened.
+/// Ack. KEYS: the entry's stream, state, the model's decoding set. ARGV: entry, consumer,
+/// finished-gate ttl_ms, request id. Returns 1, or 0 when not the owner. The gate of a
+/// finished job only has to outlive late withdraws, so its expiry is shortened.
 const ACK: &str = r#"
 redis.call('XACK', KEYS[1], 'workers', ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[4])
 local ttl = redis.call('PTTL', KEYS[2])
 if ttl > tonumber(ARGV[3]) then redis.call('PEXPIRE', KEYS[2], ARGV[3]) end
 return 1
 "#;
 
 /// Re-enqueue. KEYS: the entry's stream, the model's resumed stream, the model's prompt-token
-/// counter. ARGV: entry, consumer, tokens the resumer re-prefills (estimate), field, value,
-/// ... Returns the new entry id, or 0 when not the owner. The count is advisory: it cannot
-/// fail the re-enqueue (`pcall`).
+/// counter, the model's decoding set. ARGV: entry, consumer, tokens the resumer re-prefills
+/// (estimate), request id, field, value, ... Returns the new entry id, or 0 when not the
+/// owner. The count is advisory: it cannot fail the re-enqueue (`pcall`).
 const REQUEUE: &str = r#"
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5))
 redis.call('XACK', KEYS[1], 'workers', ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[4], ARGV[4])
 redis.pcall('INCRBY', KEYS[3], ARGV[3])
 return id
+"#;
+
+/// A job's first token is out. KEYS: the entry's stream, the model's decoding set. ARGV:
+/// entry, consumer, request id, the set's ttl_ms. Returns 1, or 0 when not the owner. The
+/// expiry bounds what a member left behind by a lost reply can skew: the set goes once no
+/// job of the model has started decoding for a request's lifetime.
+const MARK_DECODING: &str = r#"
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
 "#;
 
 /// Submit a new request. KEYS: jobs stream, request record, idempotency key, the model's
@@ -139,9 +154,9 @@ return {0, lastseq + 1}
 "#;
 
 /// Depth figures of one model in one round trip, a consistent snapshot. KEYS: jobs stream,
-/// resumed stream, prompt-token counter. Returns `{backlog, pending, oldest_wait_ms or -1}`
-/// for each stream, then the counter: seven integers. Waits use the server's clock, which
-/// also stamped the entry ids.
+/// resumed stream, prompt-token counter, decoding set. Returns `{backlog, pending,
+/// oldest_wait_ms or -1}` for each stream, then the counter and the decoding jobs: eight
+/// integers. Waits use the server's clock, which also stamped the entry ids.
 const DEPTH: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -172,7 +187,7 @@ end
 local b1, p1, w1 = depth(KEYS[1])
 local b2, p2, w2 = depth(KEYS[2])
 local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
-return {b1, p1, w1, b2, p2, w2, tokens}
+return {b1, p1, w1, b2, p2, w2, tokens, redis.call('SCARD', KEYS[4])}
 "#;
 
 /// The loaded scripts (EVALSHA, reloaded transparently after a server restart).
@@ -182,6 +197,7 @@ pub(crate) struct Scripts {
     pub withdraw: Script,
     pub ack: Script,
     pub requeue: Script,
+    pub mark_decoding: Script,
     pub submit: Script,
     pub release_key: Script,
     pub keep_alive: Script,
@@ -196,6 +212,7 @@ impl Scripts {
             withdraw: Script::new(WITHDRAW),
             ack: Script::new(&format!("{OWNED}{ACK}")),
             requeue: Script::new(&format!("{OWNED}{REQUEUE}")),
+            mark_decoding: Script::new(&format!("{OWNED}{MARK_DECODING}")),
             submit: Script::new(SUBMIT),
             release_key: Script::new(RELEASE_KEY),
             keep_alive: Script::new(KEEP_ALIVE),

@@ -1005,3 +1005,51 @@ pub async fn prompt_tokens_are_counted(h: &dyn Harness) {
     assert_eq!(b.depth(&m).await.unwrap().arrived_prompt_tokens, 212);
     assert_eq!(b.depth(&other).await.unwrap().arrived_prompt_tokens, 2);
 }
+
+/// A job whose first token is out counts as decoding until it is acked, re-enqueued or taken
+/// over; only its holder can mark it, and purging the model forgets the marks.
+pub async fn decoding_jobs_are_counted(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let decoding = |d: tidal_queue::QueueDepth| (d.in_flight, d.decoding);
+    for _ in 0..4 {
+        b.enqueue(&job(h, &m)).await.unwrap();
+    }
+    let held = b.claim(&m, "w1", 4, NO_WAIT).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (4, 0));
+    for j in &held[..3] {
+        b.mark_decoding(j).await.unwrap();
+    }
+    // marking twice counts once
+    b.mark_decoding(&held[0]).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (4, 3));
+    // another consumer cannot mark a job it does not hold
+    let stranger = ClaimedJob {
+        consumer: "w2".into(),
+        ..held[3].clone()
+    };
+    assert!(matches!(
+        b.mark_decoding(&stranger).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    b.ack(&held[0]).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (3, 2));
+    // re-enqueued: the next worker prefills it again, and the resumed job is not decoding
+    b.requeue(&held[1], Resume::default()).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (2, 1));
+    let resumed = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(resumed.job.id, held[1].job.id);
+    b.mark_decoding(&resumed).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (3, 2));
+    // w1 dies: the taker prefills all three again
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    let taken = b.take_over(&m, "w3", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(taken.len(), 3);
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (3, 0));
+    // the dead worker's late mark is refused, the taker's counts
+    assert!(b.mark_decoding(&held[2]).await.is_err());
+    b.mark_decoding(&taken[0]).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (3, 1));
+    b.purge_model(&m).await.unwrap();
+    assert_eq!(decoding(b.depth(&m).await.unwrap()), (0, 0));
+}

@@ -86,6 +86,8 @@ struct JobRun<'a> {
     claimed: ClaimedJob,
     seg: Segment,
     prompt_tokens: u64,
+    /// Whether the broker was told that this job's first token is out.
+    marked_decoding: bool,
 }
 
 fn error_code(e: &ApiError) -> String {
@@ -110,6 +112,7 @@ impl<'a> JobRun<'a> {
             claimed,
             seg,
             prompt_tokens: 0,
+            marked_decoding: false,
         }
     }
 
@@ -183,7 +186,12 @@ impl<'a> JobRun<'a> {
                     logprobs::render(self.shared.model.engine.tokenizer(), &batch.logprobs);
                 let event = self.seg.delta(batch.text, batch.token_ids, logprobs);
                 match io::append(self.shared, self.claimed.job.id, &event).await {
-                    Appended::Written => self.seg.written(&event),
+                    Appended::Written => {
+                        self.seg.written(&event);
+                        if !self.marked_decoding && batch.terminal.is_none() {
+                            self.mark_decoding().await;
+                        }
+                    }
                     Appended::Lost => return self.lost(),
                     Appended::Finished => return self.ack_only().await,
                     Appended::Failed => return Outcome::Abandoned,
@@ -198,6 +206,17 @@ impl<'a> JobRun<'a> {
                 Some(GenerationEvent::Error { message }) => return self.fail(&message).await,
                 Some(GenerationEvent::Delta { .. }) => {}
             }
+        }
+    }
+
+    /// Tells the broker that the first token is out, once per segment: the autoscaler weighs
+    /// a job that only decodes lower than one waiting for prefill. Advisory: a failure costs
+    /// the autoscaler precision, not the request, and a job that is no longer ours is
+    /// refused by the broker and noticed by the next append or keep-alive.
+    async fn mark_decoding(&mut self) {
+        self.marked_decoding = true;
+        if let Err(e) = self.shared.broker.mark_decoding(&self.claimed).await {
+            tracing::debug!(request_id = %self.claimed.job.id, error = %e, "could not mark the job as decoding");
         }
     }
 

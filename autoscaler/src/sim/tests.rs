@@ -429,11 +429,10 @@ impl Scaler for DrainOnce {
     }
 }
 
-#[test]
-fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
-    // a 1,000-token prompt at t = 0: first token at 11 s (10 s cold start, 1 s prefill), then
-    // 10 tokens/s; drained at 13 s with no drain time, it is re-enqueued with about 20
-    // tokens delivered, which the next replica prefills again with the prompt
+/// A 1,000-token prompt at t = 0 under [`DrainOnce`]: first token at 11 s (10 s cold start,
+/// 1 s prefill), then 10 tokens/s; drained at 13 s with no drain time, it is re-enqueued
+/// with about 20 tokens delivered, which the next replica prefills again with the prompt.
+fn drained_once() -> (PolicyRun, DrainOnce) {
     let reqs = vec![Request {
         arrival_ms: 0,
         prompt_tokens: 1_000,
@@ -448,6 +447,12 @@ fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
         jobs: vec![],
     };
     let run = run_policy(&reqs, &f, &mut scaler);
+    (run, scaler)
+}
+
+#[test]
+fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
+    let (run, scaler) = drained_once();
     assert_eq!(run.completions, vec![1]);
     assert!(run.recomputed_tokens > 1_000, "{}", run.recomputed_tokens);
     assert_eq!(scaler.seen, 1_000 + run.recomputed_tokens);
@@ -455,23 +460,10 @@ fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
 
 #[test]
 fn a_job_counts_as_decoding_from_its_first_token_until_it_is_re_enqueued() {
-    // as above: claimed just after the 10 s tick, first token by 11 s, re-enqueued at 13 s;
-    // the next replica claims it just after the 24 s tick and needs more than a second to
-    // prefill the prompt and the delivered tokens again
-    let reqs = vec![Request {
-        arrival_ms: 0,
-        prompt_tokens: 1_000,
-        generated_tokens: 100,
-    }];
-    let f = FleetConfig {
-        drain_ms: 0,
-        ..fleet(tiny_profile())
-    };
-    let mut scaler = DrainOnce {
-        seen: 0,
-        jobs: vec![],
-    };
-    run_policy(&reqs, &f, &mut scaler);
+    // claimed just after the 10 s tick, first token by 11 s, re-enqueued at 13 s; the next
+    // replica claims it just after the 24 s tick and needs more than a second to prefill the
+    // prompt and the delivered tokens again
+    let (_, scaler) = drained_once();
     let at = |s: usize| scaler.jobs[s];
     assert_eq!((at(10), at(11), at(13)), ((0, 0), (1, 1), (1, 1)));
     assert_eq!(at(14), (0, 0), "queued again");

@@ -292,6 +292,26 @@ async fn run_up(backends: Option<(String, String, String)>) {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(MODEL) && text.contains("local"), "{text}");
+    // the policy's series, under the controller's names
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "tidal_autoscaler_decisions_total{",
+        "tidal_autoscaler_in_flight{",
+        "tidal_autoscaler_decoding{",
+        "tidal_fleet_replicas{",
+    ] {
+        assert!(
+            metrics.contains(series),
+            "/metrics lacks {series}:\n{metrics}"
+        );
+    }
 
     // Ctrl-C: a clean exit, with every usage event in the ledger.
     let pid = up.0.id().to_string();

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tidal_autoscaler::{
-    decide_at, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec,
+    decide_at, telemetry, CapacityMode, CapacityObserved, Observed, PolicyState, ScalingSpec,
 };
 use tidal_queue::{Broker, ModelRecord, ModelState, QueueDepth};
 use tokio::sync::{oneshot, watch};
@@ -248,13 +248,15 @@ impl Fleet {
             now,
             wall_clock,
         );
+        // the same `tidal_autoscaler_*` series as the controller's, so one dashboard fits both
+        telemetry::record(&id, &observed, &decision);
         let desired = decision.on_demand.saturating_add(decision.spot);
         let active = slot.workers.iter().filter(|w| w.is_active()).count() as u32;
         if desired > active {
             for _ in active..desired {
                 let name = format!("local-{}-{}", sanitize(&id), slot.next_worker);
                 slot.next_worker += 1;
-                tracing::info!(model = %id, worker = %name, reason = ?decision.reason, backlog = depth.backlog, "starting worker");
+                tracing::info!(model = %id, worker = %name, reason = %decision.reason, backlog = depth.backlog, "starting worker");
                 slot.workers.push(spawn_worker(launcher.clone(), &id, name));
             }
         } else if desired < active {
@@ -263,7 +265,7 @@ impl Fleet {
             for phase in [Phase::Starting, Phase::Ready] {
                 for w in slot.workers.iter_mut().rev() {
                     if to_stop > 0 && w.phase == phase {
-                        tracing::info!(model = %id, worker = %w.name, reason = ?decision.reason, "stopping worker");
+                        tracing::info!(model = %id, worker = %w.name, reason = %decision.reason, "stopping worker");
                         w.request_stop();
                         to_stop -= 1;
                     }

@@ -111,9 +111,12 @@ fn refuses(command: &str, flags: &[&str]) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// [`refuses`] for `tidal up`.
-fn up_refuses(flags: &[&str]) -> String {
-    refuses("up", flags)
+/// [`refuses`] for `tidal up`, with every one of `says` in its error.
+fn up_refuses(flags: &[&str], says: &[&str]) {
+    let stderr = refuses("up", flags);
+    for said in says {
+        assert!(stderr.contains(said), "{flags:?}: no {said:?} in {stderr}");
+    }
 }
 
 #[test]
@@ -147,46 +150,47 @@ fn a_bad_claim_prefill_budget_duration_is_refused() {
 
 #[test]
 fn a_negative_prefill_rate_is_refused_before_anything_starts() {
-    let stderr = up_refuses(&["--prefill-tokens-per-second=-5"]);
-    assert!(
-        stderr.contains("scaling settings") && stderr.contains("prefillTokensPerSecond"),
-        "{stderr}"
+    up_refuses(
+        &["--prefill-tokens-per-second=-5"],
+        &["scaling settings", "prefillTokensPerSecond"],
     );
-    let stderr = up_refuses(&["--decoding-weight", "1.5"]);
-    assert!(
-        stderr.contains("--decoding-weight")
-            && stderr.contains("decodingWeight must be from 0 to 1, got 1.5"),
-        "{stderr}"
+    up_refuses(
+        &["--decoding-weight", "1.5"],
+        &[
+            "--decoding-weight",
+            "decodingWeight must be from 0 to 1, got 1.5",
+        ],
     );
 }
 
 #[test]
 fn a_bad_floor_window_is_refused_before_anything_starts() {
-    let stderr = up_refuses(&["--floor-window", "weekdays 08:00-19:00 1"]);
-    assert!(
-        stderr.contains("--floor-window") && stderr.contains("\"weekdays\" are not days"),
-        "{stderr}"
+    up_refuses(
+        &["--floor-window", "weekdays 08:00-19:00 1"],
+        &["--floor-window", "\"weekdays\" are not days"],
     );
-    let stderr = up_refuses(&["--floor-window", "Mon-Fri 08:00-19:00 1 Mars/Base"]);
-    assert!(stderr.contains("unknown time zone"), "{stderr}");
-    let stderr = up_refuses(&[
-        "--max-workers",
-        "1",
-        "--floor-window",
-        "daily 08:00-09:00 2",
-    ]);
-    assert!(
-        stderr.contains("--floor-window")
-            && stderr.contains("floorSchedule[0]: minReplicas (2) is greater than maxReplicas (1)"),
-        "{stderr}"
+    up_refuses(
+        &["--floor-window", "Mon-Fri 08:00-19:00 1 Mars/Base"],
+        &["unknown time zone"],
+    );
+    up_refuses(
+        &[
+            "--max-workers",
+            "1",
+            "--floor-window",
+            "daily 08:00-09:00 2",
+        ],
+        &[
+            "--floor-window",
+            "floorSchedule[0]: minReplicas (2) is greater than maxReplicas (1)",
+        ],
     );
 }
 
 #[test]
 fn more_min_workers_than_max_workers_is_refused_before_anything_starts() {
-    let stderr = up_refuses(&["--min-workers", "3", "--max-workers", "2"]);
-    assert!(
-        stderr.contains("scaling settings") && stderr.contains("minReplicas (3)"),
-        "{stderr}"
+    up_refuses(
+        &["--min-workers", "3", "--max-workers", "2"],
+        &["scaling settings", "minReplicas (3)"],
     );
 }

@@ -125,6 +125,19 @@ fn spec() -> ScalingSpec {
     }
 }
 
+/// `in_flight` jobs on `ready` spot replicas, the last request at 0 s.
+fn serving(ready: u32, in_flight: u64) -> Observed {
+    Observed {
+        in_flight,
+        spot: CapacityObserved {
+            ready,
+            ..Default::default()
+        },
+        last_request_at: Some(s(0)),
+        ..Default::default()
+    }
+}
+
 /// Runs `decide` once a second over `[from, to)` with demand `(backlog, in_flight)` at t, the
 /// last request at the latest t with demand, and the fleet following each decision.
 fn run(
@@ -311,15 +324,7 @@ fn scale_up_rate_limit_caps_growth_per_decision() {
         ..spec()
     };
     let mut st = PolicyState::new(&sp);
-    let obs = Observed {
-        in_flight: 500,
-        spot: CapacityObserved {
-            ready: 3,
-            ..Default::default()
-        },
-        last_request_at: Some(s(0)),
-        ..Default::default()
-    };
+    let obs = serving(3, 500);
     let d = decide(&obs, &sp, &mut st, s(0));
     assert_eq!((d.serving, d.reason), (6, Reason::ScaleUpLimited));
 }
@@ -328,15 +333,7 @@ fn scale_up_rate_limit_caps_growth_per_decision() {
 fn scale_down_rate_limit_halves_at_most() {
     let sp = spec();
     let mut st = PolicyState::new(&sp);
-    let obs = Observed {
-        in_flight: 1,
-        spot: CapacityObserved {
-            ready: 10,
-            ..Default::default()
-        },
-        last_request_at: Some(s(0)),
-        ..Default::default()
-    };
+    let obs = serving(10, 1);
     let d = decide(&obs, &sp, &mut st, s(0));
     assert_eq!((d.serving, d.reason), (5, Reason::ScaleDownLimited));
 }
@@ -345,15 +342,7 @@ fn scale_down_rate_limit_halves_at_most() {
 fn in_flight_work_blocks_scale_to_zero_whatever_the_idle_time() {
     let sp = spec();
     let mut st = PolicyState::new(&sp);
-    let obs = Observed {
-        in_flight: 1,
-        spot: CapacityObserved {
-            ready: 1,
-            ..Default::default()
-        },
-        last_request_at: Some(s(0)),
-        ..Default::default()
-    };
+    let obs = serving(1, 1);
     let d = decide(&obs, &sp, &mut st, s(10_000));
     assert_eq!(d.serving, 1);
     let queued = Observed {
@@ -362,6 +351,22 @@ fn in_flight_work_blocks_scale_to_zero_whatever_the_idle_time() {
         ..obs
     };
     assert_eq!(decide(&queued, &sp, &mut st, s(10_001)).serving, 1);
+    // weighed at nothing, jobs that only decode still keep a replica: the model is not idle
+    let weightless = ScalingSpec {
+        decoding_weight: 0.0,
+        ..spec()
+    };
+    let decoding = Observed {
+        decoding: 3,
+        ..serving(1, 3)
+    };
+    let d = decide(
+        &decoding,
+        &weightless,
+        &mut PolicyState::new(&weightless),
+        s(10_000),
+    );
+    assert_eq!((d.serving, d.reason), (1, Reason::IdleGrace));
 }
 
 /// 4 queued, 16 prefilling and 40 decoding against 10 per replica: a decoding job weighs
@@ -370,14 +375,8 @@ fn in_flight_work_blocks_scale_to_zero_whatever_the_idle_time() {
 fn decoding_jobs_weigh_the_decoding_weight_of_a_waiting_one() {
     let obs = Observed {
         backlog: 4,
-        in_flight: 56,
         decoding: 40,
-        spot: CapacityObserved {
-            ready: 4,
-            ..Default::default()
-        },
-        last_request_at: Some(s(0)),
-        ..Default::default()
+        ..serving(4, 56)
     };
     for (weight, replicas) in [(1.0, 6), (0.25, 3), (0.0, 2)] {
         let sp = ScalingSpec {
@@ -392,27 +391,6 @@ fn decoding_jobs_weigh_the_decoding_weight_of_a_waiting_one() {
         );
         assert!((d.stable_demand - (20.0 + 40.0 * weight)).abs() < 1e-9);
     }
-}
-
-/// Weighed at nothing, jobs that only decode still keep a replica: the model is not idle.
-#[test]
-fn decoding_jobs_weighed_at_zero_still_block_scale_to_zero() {
-    let sp = ScalingSpec {
-        decoding_weight: 0.0,
-        ..spec()
-    };
-    let obs = Observed {
-        in_flight: 3,
-        decoding: 3,
-        spot: CapacityObserved {
-            ready: 1,
-            ..Default::default()
-        },
-        last_request_at: Some(s(0)),
-        ..Default::default()
-    };
-    let d = decide(&obs, &sp, &mut PolicyState::new(&sp), s(10_000));
-    assert_eq!((d.serving, d.reason), (1, Reason::IdleGrace));
 }
 
 #[test]

@@ -129,7 +129,7 @@ pub fn status(t: &Tick<'_>, previous: Option<&ModelStatus>) -> ModelStatus {
         fallback_replicas: d.fallback,
         backlog: o.backlog,
         in_flight: o.in_flight,
-        decoding: o.decoding.min(o.in_flight),
+        decoding: o.decoding,
         last_request_time: t.last_request.clone(),
         conditions,
         observed_generation: t.generation,

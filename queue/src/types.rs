@@ -326,7 +326,7 @@ pub struct QueueDepth {
     /// Jobs claimed and not yet acked (pending entries).
     pub in_flight: u64,
     /// Of `in_flight`, the jobs whose worker has delivered their first token
-    /// ([`crate::Broker::mark_decoding`]): they only decode now.
+    /// ([`crate::Broker::mark_decoding`]): they only decode now. Never more than `in_flight`.
     #[serde(default)]
     pub decoding: u64,
     /// How long the oldest unclaimed job has waited (`None` when the backlog is empty).

@@ -404,11 +404,9 @@ fn the_engine_feeds_arrived_prompt_tokens_to_the_policy() {
     assert_eq!(starts(sized), 10);
 }
 
-/// One spot replica, none from 13 s to 14 s; remembers the prompt-token counter it saw and
-/// the jobs in flight and decoding at each second.
+/// One spot replica, none from 13 s to 14 s; remembers what it saw at each second.
 struct DrainOnce {
-    seen: u64,
-    jobs: Vec<(u64, u64)>,
+    seen: Vec<Observed>,
 }
 
 impl Scaler for DrainOnce {
@@ -419,8 +417,7 @@ impl Scaler for DrainOnce {
         Duration::from_secs(1)
     }
     fn desired(&mut self, metrics: &Observed, now: Duration) -> Desired {
-        self.seen = metrics.arrived_prompt_tokens;
-        self.jobs.push((metrics.in_flight, metrics.decoding));
+        self.seen.push(metrics.clone());
         let off = (13..14).contains(&now.as_secs());
         Desired {
             spot: u32::from(!off),
@@ -442,10 +439,7 @@ fn drained_once() -> (PolicyRun, DrainOnce) {
         drain_ms: 0,
         ..fleet(tiny_profile())
     };
-    let mut scaler = DrainOnce {
-        seen: 0,
-        jobs: vec![],
-    };
+    let mut scaler = DrainOnce { seen: vec![] };
     let run = run_policy(&reqs, &f, &mut scaler);
     (run, scaler)
 }
@@ -455,7 +449,8 @@ fn a_re_enqueued_job_counts_its_re_prefill_as_the_broker_does() {
     let (run, scaler) = drained_once();
     assert_eq!(run.completions, vec![1]);
     assert!(run.recomputed_tokens > 1_000, "{}", run.recomputed_tokens);
-    assert_eq!(scaler.seen, 1_000 + run.recomputed_tokens);
+    let last = scaler.seen.last().map(|o| o.arrived_prompt_tokens);
+    assert_eq!(last, Some(1_000 + run.recomputed_tokens));
 }
 
 #[test]
@@ -464,7 +459,7 @@ fn a_job_counts_as_decoding_from_its_first_token_until_it_is_re_enqueued() {
     // replica claims it just after the 24 s tick and needs more than a second to prefill the
     // prompt and the delivered tokens again
     let (_, scaler) = drained_once();
-    let at = |s: usize| scaler.jobs[s];
+    let at = |s: usize| (scaler.seen[s].in_flight, scaler.seen[s].decoding);
     assert_eq!((at(10), at(11), at(13)), ((0, 0), (1, 1), (1, 1)));
     assert_eq!(at(14), (0, 0), "queued again");
     assert_eq!(

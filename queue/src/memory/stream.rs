@@ -161,12 +161,11 @@ impl<T: Clone> GroupStream<T> {
         self.pending.get(&id)
     }
 
-    /// Marks pending `id` as decoding; whether it was pending.
-    pub fn mark_decoding(&mut self, id: StreamId) -> bool {
-        self.pending
-            .get_mut(&id)
-            .map(|p| p.decoding = true)
-            .is_some()
+    /// Marks pending `id` as decoding (nothing when it is not pending).
+    pub fn mark_decoding(&mut self, id: StreamId) {
+        if let Some(p) = self.pending.get_mut(&id) {
+            p.decoding = true;
+        }
     }
 
     /// Pending entries marked decoding.

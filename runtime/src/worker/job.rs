@@ -86,8 +86,6 @@ struct JobRun<'a> {
     claimed: ClaimedJob,
     seg: Segment,
     prompt_tokens: u64,
-    /// Whether the broker was told that this job's first token is out.
-    marked_decoding: bool,
 }
 
 fn error_code(e: &ApiError) -> String {
@@ -112,7 +110,6 @@ impl<'a> JobRun<'a> {
             claimed,
             seg,
             prompt_tokens: 0,
-            marked_decoding: false,
         }
     }
 
@@ -187,8 +184,9 @@ impl<'a> JobRun<'a> {
                 let event = self.seg.delta(batch.text, batch.token_ids, logprobs);
                 match io::append(self.shared, self.claimed.job.id, &event).await {
                     Appended::Written => {
+                        let first_tokens = self.seg.delivered_tokens() == 0;
                         self.seg.written(&event);
-                        if !self.marked_decoding && batch.terminal.is_none() {
+                        if first_tokens && batch.terminal.is_none() {
                             self.mark_decoding().await;
                         }
                     }
@@ -209,12 +207,11 @@ impl<'a> JobRun<'a> {
         }
     }
 
-    /// Tells the broker that the first token is out, once per segment: the autoscaler weighs
-    /// a job that only decodes lower than one waiting for prefill. Advisory: a failure costs
-    /// the autoscaler precision, not the request, and a job that is no longer ours is
-    /// refused by the broker and noticed by the next append or keep-alive.
-    async fn mark_decoding(&mut self) {
-        self.marked_decoding = true;
+    /// Tells the broker that the segment's first tokens are out: the autoscaler weighs a job
+    /// that only decodes lower than one waiting for prefill. Advisory: a failure costs the
+    /// autoscaler precision, not the request, and a job that is no longer ours is refused by
+    /// the broker and noticed by the next append or keep-alive.
+    async fn mark_decoding(&self) {
         if let Err(e) = self.shared.broker.mark_decoding(&self.claimed).await {
             tracing::debug!(request_id = %self.claimed.job.id, error = %e, "could not mark the job as decoding");
         }

@@ -5,7 +5,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::hint::black_box;
 use std::path::Path;
 use std::time::Duration;
-use tidal_autoscaler::sim::{self, scalers::Ours, FleetConfig, ServiceProfile};
+use tidal_autoscaler::sim::{self, scalers::Ours, FleetConfig, ServiceProfile, WarmUp};
 use tidal_autoscaler::{decide, CapacityObserved, Observed, PolicyState, ScalingSpec};
 
 fn decide_tick(c: &mut Criterion) {
@@ -67,6 +67,7 @@ fn replay_hour(c: &mut Criterion) {
         seed: 1,
         max_overrun_ms: 7_200_000,
         claim_prefill_budget_s: None,
+        warm_up: WarmUp::default(),
     };
     // as `tidal sim` runs its `ours` row: prefill sizing from the profile
     let spec = ScalingSpec {

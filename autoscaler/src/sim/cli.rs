@@ -1,6 +1,6 @@
 //! `tidal sim` arguments and entry point.
 
-use super::engine::FleetConfig;
+use super::engine::{FleetConfig, WarmUp};
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
 use super::{simulate, spot_outages, svg, SimConfig, SimReport};
@@ -29,6 +29,12 @@ pub struct SimArgs {
     /// Play the trace this many times back to back.
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Play the (transformed) trace once before the measured run, unmeasured, so that every
+    /// fleet meets the trace in the state its own traffic leaves it instead of empty (a trace
+    /// cut from a running service starts mid-traffic). Replicas up when measuring starts pay
+    /// their cold start. `foresight` and the bounds are unchanged.
+    #[arg(long)]
+    pub warm_up: bool,
     /// Seed for thinning, the generator, interruptions and spot outages.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -247,6 +253,12 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
         label.push_str(&format!(", repeated {}x", args.repeat));
     }
     anyhow::ensure!(!reqs.is_empty(), "the trace is empty after transformation");
+    let warm_up = if args.warm_up {
+        label.push_str(", after a warm-up pass");
+        WarmUp::once_before(&reqs)
+    } else {
+        WarmUp::default()
+    };
 
     let horizon = reqs.last().map_or(0, |r| r.arrival_ms);
     let capacity_mode = match args.capacity_mode.as_str() {
@@ -318,6 +330,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
                 "--claim-prefill-budget-s must be 0 (off) or a positive number of seconds, not {b}"
             ),
         },
+        warm_up,
     };
     Ok(SimConfig {
         requests: reqs,
@@ -450,6 +463,20 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_warm_up_pass_plays_the_transformed_trace_once_before_it() {
+        let cold = config_of(&["--thin", "0.5"]).unwrap();
+        assert!(cold.fleet.warm_up.requests.is_empty());
+        assert_eq!(cold.fleet.warm_up.length_ms, 0);
+        let warm = config_of(&["--thin", "0.5", "--warm-up"]).unwrap();
+        assert_eq!(warm.requests, cold.requests);
+        assert_eq!(warm.fleet.warm_up.requests, warm.requests);
+        let last = warm.requests.last().unwrap().arrival_ms;
+        assert!(warm.fleet.warm_up.length_ms > last);
+        assert_eq!(warm.fleet.warm_up.length_ms % 1000, 0);
+        assert!(warm.trace_label.ends_with(", after a warm-up pass"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The discrete-time replay loop: arrivals into a FIFO queue (the jobs stream), an autoscaler
 //! deciding on its own interval, a fleet reconciling to its decisions (two Deployments, one
 //! per capacity type), workers claiming from the queue, and billing of every replica that
-//! holds a node.
+//! holds a node. An optional warm-up replays traffic before the measured trace, so that the
+//! fleet meets the trace in the state such traffic leaves it instead of empty.
 
 use super::fleet::{Capacity, Job, Phase, Replica, StepEvents};
 use super::profile::ServiceProfile;
@@ -38,6 +39,36 @@ pub struct FleetConfig {
     /// A worker claims a job only while its unstarted prefill work is below this many
     /// seconds (`None`: claims whenever it has a free sequence slot).
     pub claim_prefill_budget_s: Option<f64>,
+    /// Traffic replayed, unmeasured, before the trace (none: the fleet starts empty).
+    pub warm_up: WarmUp,
+}
+
+/// Requests replayed before the measured trace. Nothing is measured during the warm-up: no
+/// billing, no latency, no cold start. When measuring starts, each replica that is up has its
+/// cold start billed (the part of it before the start for one still starting), as a fleet
+/// that is ready at the start of a run pays it, so the oracle bounds warmed runs as well.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WarmUp {
+    /// The warm-up's requests, sorted by arrival, ms from its start.
+    #[serde(rename = "requests", serialize_with = "count")]
+    pub requests: Vec<Request>,
+    /// Where the measured trace starts on the warm-up's clock, ms (after its last arrival).
+    pub length_ms: u64,
+}
+
+impl WarmUp {
+    /// The trace played once before itself, as `repeat` would place it, ending on a whole
+    /// second (so that wall clocks shift by whole seconds).
+    pub fn once_before(reqs: &[Request]) -> Self {
+        Self {
+            requests: reqs.to_vec(),
+            length_ms: super::trace::period_ms(reqs).div_ceil(1000) * 1000,
+        }
+    }
+}
+
+fn count<S: serde::Serializer>(reqs: &[Request], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(reqs.len() as u64)
 }
 
 /// One point of the time series.
@@ -90,6 +121,15 @@ pub struct PolicyRun {
     pub end_ms: u64,
 }
 
+impl PolicyRun {
+    fn bill(&mut self, capacity: Capacity, ms: u64) {
+        match capacity {
+            Capacity::Spot => self.spot_ms += ms,
+            Capacity::OnDemand => self.on_demand_ms += ms,
+        }
+    }
+}
+
 /// Whether spot capacity is out at `t` ms (no new spot replica can start).
 pub(super) fn in_outage(outages: &[(u64, u64)], t: u64) -> bool {
     outages.iter().any(|(a, b)| t >= *a && t < *b)
@@ -109,6 +149,8 @@ struct Sim<'a> {
     last_reason: Option<&'static str>,
     run: PolicyRun,
     completed: usize,
+    /// Where measuring starts (the warm-up's length), ms.
+    measure_from_ms: u64,
 }
 
 impl Sim<'_> {
@@ -198,8 +240,15 @@ impl Sim<'_> {
         }
     }
 
+    /// Whether `t` is in the measured trace (the warm-up is not).
+    fn measuring(&self, t: u64) -> bool {
+        t >= self.measure_from_ms
+    }
+
     fn lifecycle(&mut self, t: u64) {
-        let spot_ok = !in_outage(&self.cfg.spot_outages, t);
+        let measuring = self.measuring(t);
+        // outages are given on the measured trace's clock; the warm-up has none
+        let spot_ok = !(measuring && in_outage(&self.cfg.spot_outages, t - self.measure_from_ms));
         let cold_ms = self.cfg.profile.cold_start_ms();
         let rate = self.cfg.interruptions_per_hour;
         for r in &mut self.replicas {
@@ -207,7 +256,7 @@ impl Sim<'_> {
                 r.phase = Phase::Starting {
                     ready_at_ms: t + cold_ms,
                 };
-                self.run.cold_starts += 1;
+                self.run.cold_starts += u64::from(measuring);
                 if r.capacity == Capacity::Spot && rate > 0.0 {
                     let hours = -(1.0 - self.rng.random::<f64>()).ln() / rate;
                     r.interrupt_at_ms = Some(t + (hours * 3_600_000.0) as u64);
@@ -220,7 +269,7 @@ impl Sim<'_> {
             }
             if !r.noticed && r.billed() && r.interrupt_at_ms.is_some_and(|at| at <= t) {
                 r.noticed = true;
-                self.run.interruptions += 1;
+                self.run.interruptions += u64::from(measuring);
                 let until = t + self.cfg.notice_ms;
                 r.phase = match r.phase {
                     Phase::Draining { until_ms } => Phase::Draining {
@@ -244,7 +293,9 @@ impl Sim<'_> {
                 }
                 let reqs = self.reqs;
                 let (jobs, recompute) = r.evict(|k| reqs[k].prompt_tokens);
-                self.run.recomputed_tokens += recompute;
+                if measuring {
+                    self.run.recomputed_tokens += recompute;
+                }
                 // re-enqueued like the workers do it: XADD to the end of the stream
                 for job in jobs {
                     self.enqueue(job);
@@ -299,15 +350,35 @@ impl Sim<'_> {
             self.run.completions[req] += 1;
             self.completed += 1;
         }
+        if !self.measuring(t) {
+            return;
+        }
         for r in self.replicas.iter().filter(|r| r.billed()) {
-            match r.capacity {
-                Capacity::Spot => self.run.spot_ms += self.cfg.dt_ms,
-                Capacity::OnDemand => self.run.on_demand_ms += self.cfg.dt_ms,
-            }
+            self.run.bill(r.capacity, self.cfg.dt_ms);
+        }
+    }
+
+    /// Bills, when measuring starts at `t`, the cold starts of the replicas already up: whole
+    /// for a ready one, the part before `t` for one still starting. A draining one serves
+    /// only jobs from before and pays only its time from `t` on.
+    fn bill_fleet_on_entry(&mut self, t: u64) {
+        let cold_ms = self.cfg.profile.cold_start_ms();
+        for r in &self.replicas {
+            let before_ms = match r.phase {
+                Phase::Ready => cold_ms,
+                // started before `t` (a cold start after `t` is billed as it goes)
+                Phase::Starting { ready_at_ms } if ready_at_ms < t + cold_ms => {
+                    (t + cold_ms - ready_at_ms).min(cold_ms)
+                }
+                _ => continue,
+            };
+            self.run.cold_starts += 1;
+            self.run.bill(r.capacity, before_ms);
         }
     }
 
     fn sample(&mut self, t: u64, arrivals: u64) {
+        let t = t - self.measure_from_ms;
         let count = |cap| {
             self.replicas
                 .iter()
@@ -328,8 +399,35 @@ impl Sim<'_> {
     }
 }
 
-/// Replays `reqs` (sorted by arrival) under `scaler`.
+/// Replays `reqs` (sorted by arrival) under `scaler`, after the fleet's warm-up if it has
+/// one; what it returns is about `reqs` alone.
 pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) -> PolicyRun {
+    let warm = &cfg.warm_up;
+    let skipped = warm.requests.len();
+    let all: Vec<Request> = warm
+        .requests
+        .iter()
+        .copied()
+        .chain(reqs.iter().map(|r| Request {
+            arrival_ms: r.arrival_ms + warm.length_ms,
+            ..*r
+        }))
+        .collect();
+    let mut run = replay(&all, cfg, scaler, warm.length_ms);
+    run.queue_wait_ms.drain(..skipped);
+    run.ttft_ms.drain(..skipped);
+    run.evicted_after_first_token.drain(..skipped);
+    run.completions.drain(..skipped);
+    run
+}
+
+/// The replay loop over `reqs`, measuring from `measure_from_ms` on.
+fn replay(
+    reqs: &[Request],
+    cfg: &FleetConfig,
+    scaler: &mut dyn Scaler,
+    measure_from_ms: u64,
+) -> PolicyRun {
     let n = reqs.len();
     let mut sim = Sim {
         reqs,
@@ -355,10 +453,11 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
             end_ms: 0,
         },
         completed: 0,
+        measure_from_ms,
     };
-    // A fleet that is ready at t = 0 started one cold start earlier, and paid for it.
+    // A fleet that is ready at the start started one cold start earlier: it pays for it when
+    // measuring starts, as the warm-up's fleet does.
     let init = scaler.initial();
-    let cold_ms = cfg.profile.cold_start_ms();
     for (cap, k) in [
         (Capacity::Spot, init.spot),
         (Capacity::OnDemand, init.on_demand),
@@ -367,27 +466,28 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
             let mut r = Replica::new(cap, 0);
             r.phase = Phase::Ready;
             sim.replicas.push(r);
-            sim.run.cold_starts += 1;
-            match cap {
-                Capacity::Spot => sim.run.spot_ms += cold_ms,
-                Capacity::OnDemand => sim.run.on_demand_ms += cold_ms,
-            }
         }
     }
     let dt = cfg.dt_ms.max(1);
     let interval = (scaler.interval().as_millis() as u64).max(dt);
     let sample_ms = cfg.sample_ms.max(dt);
     let trace_end = reqs.last().map_or(0, |r| r.arrival_ms);
-    let (mut t, mut next, mut next_tick, mut next_sample) = (0u64, 0usize, 0u64, 0u64);
+    let (mut t, mut next, mut next_tick) = (0u64, 0usize, 0u64);
+    let mut next_sample = measure_from_ms;
+    let mut entered = false;
     let mut last_request = None;
     let mut arrivals = 0u64;
     loop {
+        if !entered && sim.measuring(t) {
+            sim.bill_fleet_on_entry(t);
+            entered = true;
+        }
         while next < n && reqs[next].arrival_ms <= t {
             let r = &reqs[next];
             sim.enqueue(Job::new(next, r.prompt_tokens, r.generated_tokens));
             last_request = Some(r.arrival_ms);
+            arrivals += u64::from(r.arrival_ms >= measure_from_ms);
             next += 1;
-            arrivals += 1;
         }
         if t >= next_tick {
             let obs = sim.observe(last_request);
@@ -410,6 +510,6 @@ pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) 
             break;
         }
     }
-    sim.run.end_ms = t;
+    sim.run.end_ms = t.saturating_sub(measure_from_ms);
     sim.run
 }

@@ -18,7 +18,7 @@ pub mod svg;
 pub mod trace;
 
 pub use cli::{run, SimArgs};
-pub use engine::{run_policy, FleetConfig, PolicyRun, Sample};
+pub use engine::{run_policy, FleetConfig, PolicyRun, Sample, WarmUp};
 pub use profile::ServiceProfile;
 pub use report::PolicySummary;
 pub use trace::Request;
@@ -150,10 +150,14 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         .ours
         .first()
         .map_or(ScalingSpec::default().max_replicas, |(_, s)| s.max_replicas);
+    // the replay's clock starts with the warm-up, before the trace's own start
+    let replay_start_s = cfg
+        .wall_clock_start_s
+        .saturating_sub(cfg.fleet.warm_up.length_ms.div_ceil(1000));
     let mut scalers: Vec<Box<dyn Scaler>> = Vec::new();
     for (name, spec) in &cfg.ours {
         scalers.push(Box::new(
-            Ours::new(name, spec.clone(), cfg.tick).starting_at(cfg.wall_clock_start_s),
+            Ours::new(name, spec.clone(), cfg.tick).starting_at(replay_start_s),
         ));
     }
     scalers.push(Box::new(scalers::knative_kpa(
@@ -172,8 +176,13 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     fluid.cost_vs_oracle = vs_oracle(fluid.cost_micros);
     let mut foresight =
         foresight::Foresight::new(reqs, p, &schedule.stretches, &cfg.fleet.spot_outages);
+    // it plans on the trace alone and is ready at its start by construction: no warm-up
+    let unwarmed = FleetConfig {
+        warm_up: WarmUp::default(),
+        ..cfg.fleet.clone()
+    };
     let foresight = report::summarise(
-        run_policy(reqs, &cfg.fleet, &mut foresight),
+        run_policy(reqs, &unwarmed, &mut foresight),
         reqs,
         p,
         oracle.cost_micros,

@@ -98,6 +98,9 @@ pub struct TargetCheck {
     pub cost_vs_oracle: f64,
     /// Ours' cost relative to the oracle without cold starts (not part of the verdict).
     pub cost_vs_oracle_no_cold_start: f64,
+    /// Ours' cost relative to `foresight`, the fleet that knows every arrival (not part of
+    /// the verdict).
+    pub cost_vs_foresight: f64,
     /// Ours' SLO attainment.
     pub slo_attainment: f64,
     /// Ours' SLO attainment over the requests after the first cold start (not part of the
@@ -207,7 +210,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
     let targets = cfg
         .ours
         .iter()
-        .map(|(name, _)| check_target(&policies, name, no_cold.cost_micros))
+        .map(|(name, _)| check_target(&policies, name, no_cold.cost_micros, foresight.cost_micros))
         .collect();
     SimReport {
         trace: cfg.trace_label.clone(),
@@ -228,13 +231,20 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
 }
 
 /// Evaluates the target for the row named `ours` against the baselines (rows whose names do
-/// not start with "ours"); `no_cold_micros` is the cost of the oracle without cold starts.
-pub fn check_target(policies: &[PolicySummary], ours: &str, no_cold_micros: u64) -> TargetCheck {
+/// not start with "ours"); `no_cold_micros` and `foresight_micros` are the costs of the
+/// oracle without cold starts and of `foresight`, which the check reports beside it.
+pub fn check_target(
+    policies: &[PolicySummary],
+    ours: &str,
+    no_cold_micros: u64,
+    foresight_micros: u64,
+) -> TargetCheck {
     let Some(me) = policies.iter().find(|p| p.name == ours) else {
         return TargetCheck {
             policy: ours.into(),
             cost_vs_oracle: f64::NAN,
             cost_vs_oracle_no_cold_start: f64::NAN,
+            cost_vs_foresight: f64::NAN,
             slo_attainment: 0.0,
             slo_attainment_after_first_cold_start: 0.0,
             not_beaten: vec![],
@@ -251,6 +261,7 @@ pub fn check_target(policies: &[PolicySummary], ours: &str, no_cold_micros: u64)
         policy: ours.into(),
         cost_vs_oracle: me.cost_vs_oracle,
         cost_vs_oracle_no_cold_start: me.cost_micros as f64 / no_cold_micros.max(1) as f64,
+        cost_vs_foresight: me.cost_micros as f64 / foresight_micros.max(1) as f64,
         slo_attainment: me.slo_attainment,
         slo_attainment_after_first_cold_start: me.slo_attainment_after_first_cold_start,
         met: me.cost_vs_oracle <= 1.3 && me.slo_attainment >= SLO_TARGET && not_beaten.is_empty(),

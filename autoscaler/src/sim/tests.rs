@@ -845,21 +845,24 @@ fn target_check_reads_the_rows() {
         ],
         "ours",
         40,
+        80,
     );
     assert!(met.met);
     assert_eq!(met.cost_vs_oracle_no_cold_start, 3.0);
+    assert_eq!(met.cost_vs_foresight, 1.5);
     let beaten = check_target(
         &[row("ours", 120, 0.995), row("keda", 110, 0.99)],
         "ours",
         40,
+        80,
     );
     assert_eq!(
         (beaten.met, beaten.not_beaten.clone()),
         (false, vec!["keda".to_string()])
     );
-    assert!(!check_target(&[row("ours", 140, 0.999)], "ours", 40).met);
-    assert!(!check_target(&[row("ours", 120, 0.98)], "ours", 40).met);
-    assert!(!check_target(&[row("ours", 100, 1.0)], "ours-missing", 40).met);
+    assert!(!check_target(&[row("ours", 140, 0.999)], "ours", 40, 80).met);
+    assert!(!check_target(&[row("ours", 120, 0.98)], "ours", 40, 80).met);
+    assert!(!check_target(&[row("ours", 100, 1.0)], "ours-missing", 40, 80).met);
 }
 
 #[test]

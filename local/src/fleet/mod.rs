@@ -295,9 +295,9 @@ impl Fleet {
         slot.status.reason = decision.reason.to_string();
         metrics::gauge!("tidal_fleet_replicas", "model" => id.clone(), "phase" => "ready")
             .set(f64::from(ready));
-        metrics::gauge!("tidal_fleet_replicas", "model" => id.clone(), "phase" => "starting")
+        // what the policy asked for is `tidal_autoscaler_desired_replicas` (telemetry::record)
+        metrics::gauge!("tidal_fleet_replicas", "model" => id, "phase" => "starting")
             .set(f64::from(starting));
-        metrics::gauge!("tidal_fleet_desired_replicas", "model" => id).set(f64::from(desired));
     }
 
     async fn publish(&mut self, i: usize) {

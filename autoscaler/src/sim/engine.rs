@@ -52,7 +52,8 @@ pub struct WarmUp {
     /// The warm-up's requests, sorted by arrival, ms from its start.
     #[serde(rename = "requests", serialize_with = "count")]
     pub requests: Vec<Request>,
-    /// Where the measured trace starts on the warm-up's clock, ms (after its last arrival).
+    /// Where the measured trace starts on the warm-up's clock, ms: at or after its last
+    /// arrival, so that the two play in order.
     pub length_ms: u64,
 }
 
@@ -403,6 +404,12 @@ impl Sim<'_> {
 /// one; what it returns is about `reqs` alone.
 pub fn run_policy(reqs: &[Request], cfg: &FleetConfig, scaler: &mut dyn Scaler) -> PolicyRun {
     let warm = &cfg.warm_up;
+    debug_assert!(
+        warm.requests
+            .last()
+            .is_none_or(|r| r.arrival_ms <= warm.length_ms),
+        "the warm-up must end before the trace starts"
+    );
     let skipped = warm.requests.len();
     let all: Vec<Request> = warm
         .requests

@@ -3,7 +3,7 @@
 use super::engine::{FleetConfig, WarmUp};
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
-use super::{simulate, spot_outages, svg, SimConfig, SimReport};
+use super::{bound, report, simulate, spot_outages, svg, tune, SimConfig, SimReport};
 use crate::schedule::FloorWindow;
 use crate::spec::{CapacityMode, ScaleDownHold, ScalingSpec, StableAggregate};
 use anyhow::Context;
@@ -161,6 +161,18 @@ pub struct SimArgs {
     /// Simulation step, milliseconds.
     #[arg(long, default_value_t = 100)]
     pub dt_ms: u64,
+    /// Also replay our policy under a grid of its time constants (stable window and
+    /// aggregate, scale-down delay, scale-to-zero time, decoding weight; 320 settings) and
+    /// print the cheapest reaching 99 % SLO on every sample as a Model's `scaling` block,
+    /// with the cost/attainment frontier and the preset for comparison.
+    #[arg(long)]
+    pub tune: bool,
+    /// With --tune: replay each setting on this many samples, seeds --seed, --seed + 1, ...
+    /// (each thins, interrupts and cuts spot differently); a setting must reach the target
+    /// on all of them, which carries better to other samples than one (docs/autoscaling.md,
+    /// "Tuning").
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub tune_samples: u64,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -346,7 +358,10 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
 /// report for callers that want it.
 pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
     let cfg = config(args)?;
-    let report = simulate(&cfg);
+    let mut report = simulate(&cfg);
+    if args.tune {
+        report.tuning = Some(tuning(args, cfg, report.oracle.cost_micros)?);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -388,6 +403,24 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
     Ok(report)
 }
 
+/// `--tune`: the grid on `--tune-samples` samples, the first `cfg` (whose oracle costs
+/// `oracle_cost`), the others the same arguments with the next seeds.
+fn tuning(args: &SimArgs, cfg: SimConfig, oracle_cost: u64) -> anyhow::Result<tune::Tuning> {
+    let preset = cfg.ours.get(1).map(|(_, spec)| tune::Setting::of(spec));
+    let mut samples = vec![tune::Sample { cfg, oracle_cost }];
+    for k in 1..args.tune_samples {
+        let cfg = config(&SimArgs {
+            seed: args.seed + k,
+            ..args.clone()
+        })?;
+        let (reqs, p) = (&cfg.requests, &cfg.fleet.profile);
+        let oracle_cost = report::oracle(&bound::oracle_schedule(reqs, p), reqs, p).cost_micros;
+        samples.push(tune::Sample { cfg, oracle_cost });
+    }
+    let grid = tune::Grid::default();
+    Ok(tune::tune(&samples, &grid, preset, super::SLO_TARGET))
+}
+
 /// The human-readable report: header, table and the target verdict.
 pub fn render_text(r: &SimReport) -> String {
     let p = &r.fleet.profile;
@@ -427,6 +460,9 @@ pub fn render_text(r: &SimReport) -> String {
         ));
     }
     out.push('\n');
+    if let Some(t) = &r.tuning {
+        out.push_str(&tune::render(t));
+    }
     out
 }
 
@@ -464,6 +500,29 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn tuning_replays_three_samples_unless_told_otherwise() {
+        let cli = |extra: &[&str]| {
+            let base = ["sim", "--synthetic", "--tune"];
+            Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.sim)
+        };
+        assert_eq!(cli(&[]).unwrap().tune_samples, 3);
+        assert_eq!(cli(&["--tune-samples", "1"]).unwrap().tune_samples, 1);
+        for bad in ["0", "101"] {
+            assert!(cli(&["--tune-samples", bad]).is_err(), "{bad}");
+        }
+        // a minute of synthetic traffic, two samples: every setting of the grid replayed on
+        // both, and the preset (`ours-coldstart`) beside them
+        let args = cli(&["--syn-duration-s", "60", "--tune-samples", "2", "--json"]).unwrap();
+        let t = run(&args).unwrap().tuning.unwrap();
+        assert_eq!((t.samples, t.tried), (2, 320));
+        let preset = config(&args).unwrap().ours[1].1.clone();
+        assert_eq!(
+            t.preset.map(|p| p.setting),
+            Some(tune::Setting::of(&preset))
+        );
     }
 
     #[test]

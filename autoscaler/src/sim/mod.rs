@@ -16,6 +16,7 @@ pub mod report;
 pub mod scalers;
 pub mod svg;
 pub mod trace;
+pub mod tune;
 
 pub use cli::{run, SimArgs};
 pub use engine::{run_policy, FleetConfig, PolicyRun, Sample, WarmUp};
@@ -47,6 +48,17 @@ pub struct SimConfig {
     /// Wall-clock time of the trace's start (Unix seconds): our policy's `floorSchedule`
     /// reads it.
     pub wall_clock_start_s: u64,
+}
+
+impl SimConfig {
+    /// Our policy under `spec`, deciding every tick, its floor schedule on the replay's wall
+    /// clock (which starts with the warm-up, before the trace's own start).
+    pub fn our_policy(&self, name: &str, spec: ScalingSpec) -> Ours {
+        let replay_start_s = self
+            .wall_clock_start_s
+            .saturating_sub(self.fleet.warm_up.length_ms.div_ceil(1000));
+        Ours::new(name, spec, self.tick).starting_at(replay_start_s)
+    }
 }
 
 /// The comparison for one trace.
@@ -83,6 +95,10 @@ pub struct SimReport {
     pub policies: Vec<PolicySummary>,
     /// Per variant of ours: whether it meets the target, and why not if it does not.
     pub targets: Vec<TargetCheck>,
+    /// The cheapest time constants of ours reaching the target on this trace, where asked
+    /// for (`tidal sim --tune`; [`tune::tune`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<tune::Tuning>,
 }
 
 /// The SLO attainment of the target, also what `always-on-slo` is sized for.
@@ -153,15 +169,9 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         .ours
         .first()
         .map_or(ScalingSpec::default().max_replicas, |(_, s)| s.max_replicas);
-    // the replay's clock starts with the warm-up, before the trace's own start
-    let replay_start_s = cfg
-        .wall_clock_start_s
-        .saturating_sub(cfg.fleet.warm_up.length_ms.div_ceil(1000));
     let mut scalers: Vec<Box<dyn Scaler>> = Vec::new();
     for (name, spec) in &cfg.ours {
-        scalers.push(Box::new(
-            Ours::new(name, spec.clone(), cfg.tick).starting_at(replay_start_s),
-        ));
+        scalers.push(Box::new(cfg.our_policy(name, spec.clone())));
     }
     scalers.push(Box::new(scalers::knative_kpa(
         p.target_in_flight,
@@ -227,6 +237,7 @@ pub fn simulate(cfg: &SimConfig) -> SimReport {
         fluid_bound: fluid,
         policies,
         targets,
+        tuning: None,
     }
 }
 

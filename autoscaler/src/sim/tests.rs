@@ -420,6 +420,36 @@ fn spot_outage_falls_back_to_on_demand() {
     assert_eq!(run.queue_wait_ms, vec![Some(1_010_000)]);
 }
 
+/// Half an hour of sparse, bursty synthetic traffic on the tiny profile (10 s cold start, 2 s
+/// target), after a warm-up pass: small enough to replay many times, and with silences and
+/// bursts that short holds pay for in missed targets.
+pub(super) fn small_cfg(seed: u64) -> SimConfig {
+    let syn = trace::Synthetic {
+        duration_s: 1800.0,
+        mean_rps: 0.2,
+        diurnal_amplitude: 0.9,
+        period_s: 900.0,
+        bursts_per_hour: 6.0,
+        burst_multiplier: 8.0,
+        burst_s: 30.0,
+        prompt_mean: 500.0,
+        generated_mean: 20.0,
+        seed,
+    };
+    let requests = trace::synthetic(&syn);
+    SimConfig {
+        trace_label: "small".into(),
+        fleet: FleetConfig {
+            warm_up: WarmUp::once_before(&requests),
+            ..fleet(tiny_profile())
+        },
+        requests,
+        ours: vec![("ours".into(), spec())],
+        tick: Duration::from_secs(1),
+        wall_clock_start_s: 0,
+    }
+}
+
 fn synthetic_cfg(seed: u64, interruptions: f64) -> SimConfig {
     let syn = trace::Synthetic {
         duration_s: 1800.0,

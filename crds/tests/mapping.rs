@@ -60,6 +60,35 @@ fn scaling_maps_every_field() {
 }
 
 #[test]
+fn a_scaling_block_from_tidal_sim_tune_reads_back_as_its_setting() {
+    use tidal_autoscaler::sim::tune::Setting;
+    let tuned = Setting {
+        stable_window_s: 180,
+        stable_aggregate: A::Mean,
+        scale_down_delay_s: 600,
+        scale_to_zero_after_s: 1200,
+        decoding_weight_percent: 100,
+    };
+    // every value differs from the example's, so a field the CRD does not read would show;
+    // pasted over the example's scaling block: its fields replace the example's, the
+    // example keeps the others (bounds, target, sizing, floors)
+    let block: serde_yaml::Value = serde_yaml::from_str(&tuned.scaling_yaml()).unwrap();
+    let mut s = spec();
+    let mut scaling = serde_yaml::to_value(&s.scaling).unwrap();
+    let fields = block["scaling"].as_mapping().unwrap();
+    assert_eq!(fields.len(), 6);
+    for (k, v) in fields {
+        scaling
+            .as_mapping_mut()
+            .unwrap()
+            .insert(k.clone(), v.clone());
+    }
+    s.scaling = serde_yaml::from_value(scaling).unwrap();
+    let base = spec().scaling_spec().unwrap();
+    assert_eq!(s.scaling_spec().unwrap(), tuned.apply(&base));
+}
+
+#[test]
 fn defaults_match_the_policy_defaults() {
     let mut s = spec();
     s.scaling = Default::default();

@@ -150,10 +150,26 @@ pub struct Tuning {
 /// Replays every setting of `grid` on every sample and picks the cheapest reaching
 /// `slo_target` on all of them; `preset` is replayed the same way for comparison.
 pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target: f64) -> Tuning {
-    let mut tried: Vec<Tried> = settings(grid)
-        .into_iter()
-        .filter_map(|s| replay(samples, s))
-        .collect();
+    // the replays are independent: one chunk of the grid per core
+    let all = settings(grid);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = all.len().div_ceil(cores).max(1);
+    let mut tried: Vec<Tried> = std::thread::scope(|scope| {
+        let workers: Vec<_> = all
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .filter_map(|s| replay(samples, *s))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
     // cheapest first, the higher attainment first among equal costs
     tried.sort_by(|a, b| {
         a.cost_micros

@@ -171,7 +171,7 @@ pub struct SimArgs {
     /// (each thins, interrupts and cuts spot differently); a setting must reach the target
     /// on all of them, which carries better to other samples than one (docs/autoscaling.md,
     /// "Tuning").
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 3, requires = "tune", value_parser = clap::value_parser!(u64).range(1..=100))]
     pub tune_samples: u64,
     /// Print JSON instead of the table.
     #[arg(long)]
@@ -410,7 +410,7 @@ fn tuning(args: &SimArgs, cfg: SimConfig, oracle_cost: u64) -> anyhow::Result<tu
     let mut samples = vec![tune::Sample { cfg, oracle_cost }];
     for k in 1..args.tune_samples {
         let cfg = config(&SimArgs {
-            seed: args.seed + k,
+            seed: args.seed.wrapping_add(k),
             ..args.clone()
         })?;
         let (reqs, p) = (&cfg.requests, &cfg.fleet.profile);
@@ -513,6 +513,8 @@ mod tests {
         for bad in ["0", "101"] {
             assert!(cli(&["--tune-samples", bad]).is_err(), "{bad}");
         }
+        let alone = Cli::try_parse_from(["sim", "--tune-samples", "2"]);
+        assert!(alone.is_err(), "--tune-samples without --tune");
         // a minute of synthetic traffic, two samples: every setting of the grid replayed on
         // both, and the preset (`ours-coldstart`) beside them
         let args = cli(&["--syn-duration-s", "60", "--tune-samples", "2", "--json"]).unwrap();

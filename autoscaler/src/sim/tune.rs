@@ -145,6 +145,9 @@ pub struct Tuning {
     pub frontier: Vec<Tried>,
     /// The preset (`ours-coldstart`) replayed the same way, for comparison.
     pub preset: Option<Tried>,
+    /// Whether the replays start from an empty fleet (no warm-up), whose first cold start
+    /// every request of the first minute waits for.
+    pub from_empty: bool,
 }
 
 /// Replays every setting of `grid` on every sample and picks the cheapest reaching
@@ -196,6 +199,9 @@ pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target
         best,
         frontier,
         preset: preset.and_then(|p| replay(samples, p)),
+        from_empty: samples
+            .iter()
+            .any(|s| s.cfg.fleet.warm_up.requests.is_empty()),
     }
 }
 
@@ -274,10 +280,15 @@ pub fn render(t: &Tuning) -> String {
             b.cost_vs_oracle,
             b.slo_attainment * 100.0
         )),
-        None => out.push_str(&format!(
-            "no setting reaches {:.0}% SLO; the frontier below shows what each costs\n",
-            t.slo_target * 100.0
-        )),
+        None => {
+            out.push_str(&format!(
+                "no setting reaches {:.0}% SLO; the frontier below shows what each costs\n",
+                t.slo_target * 100.0
+            ));
+            if t.from_empty {
+                out.push_str("(every replay starts from an empty fleet, so the requests of its first cold start wait for it; --warm-up measures the steady state)\n");
+            }
+        }
     }
     if let Some(p) = &t.preset {
         out.push_str(&format!(
@@ -478,5 +489,12 @@ mod tests {
         let text = render(&t);
         assert!(text.contains("no setting reaches 99% SLO"), "{text}");
         assert!(!text.contains("scaling:"), "{text}");
+        assert!(!text.contains("--warm-up"), "{text}");
+        // from an empty fleet, the first cold start is named as a reason
+        let mut cold = sample(3);
+        cold.cfg.fleet.warm_up = crate::sim::WarmUp::default();
+        let t = tune(&[cold], &grid, None, 0.99);
+        assert!(t.from_empty);
+        assert!(render(&t).contains("--warm-up measures the steady state"));
     }
 }

@@ -184,6 +184,9 @@ pub struct SimArgs {
     pub series_csv: Option<PathBuf>,
 }
 
+/// The row of our policy under the cold-start preset, which `--tune` compares with.
+const PRESET_ROW: &str = "ours-coldstart";
+
 /// Monday 2026-11-30 00:00 UTC: where a synthetic trace starts on the wall clock.
 const SYNTHETIC_START_UNIX_S: u64 = 1_795_996_800;
 
@@ -316,10 +319,7 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
     let cold = secs(profile.cold_start_s, "coldStartS")?;
     let scaled = spec.clone().with_cold_start(cold);
     scaled.validate()?;
-    let ours = vec![
-        ("ours".to_string(), spec),
-        ("ours-coldstart".to_string(), scaled),
-    ];
+    let ours = vec![("ours".to_string(), spec), (PRESET_ROW.to_string(), scaled)];
     let fleet = FleetConfig {
         profile,
         dt_ms: args.dt_ms.max(1),
@@ -406,7 +406,11 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
 /// `--tune`: the grid on `--tune-samples` samples, the first `cfg` (whose oracle costs
 /// `oracle_cost`), the others the same arguments with the next seeds.
 fn tuning(args: &SimArgs, cfg: SimConfig, oracle_cost: u64) -> anyhow::Result<tune::Tuning> {
-    let preset = cfg.ours.get(1).map(|(_, spec)| tune::Setting::of(spec));
+    let preset = cfg
+        .ours
+        .iter()
+        .find(|(name, _)| name == PRESET_ROW)
+        .map(|(_, spec)| tune::Setting::of(spec));
     let mut samples = vec![tune::Sample { cfg, oracle_cost }];
     for k in 1..args.tune_samples {
         let cfg = config(&SimArgs {

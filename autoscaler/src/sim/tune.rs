@@ -153,26 +153,8 @@ pub struct Tuning {
 /// Replays every setting of `grid` on every sample and picks the cheapest reaching
 /// `slo_target` on all of them; `preset` is replayed the same way for comparison.
 pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target: f64) -> Tuning {
-    // the replays are independent: one chunk of the grid per core
-    let all = settings(grid);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let chunk = all.len().div_ceil(cores).max(1);
-    let mut tried: Vec<Tried> = std::thread::scope(|scope| {
-        let workers: Vec<_> = all
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .filter_map(|s| replay(samples, *s))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    });
+    let mut tried = replay_all(samples, &settings(grid), cores);
     // cheapest first, the higher attainment first among equal costs
     tried.sort_by(|a, b| {
         a.cost_micros
@@ -203,6 +185,29 @@ pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target
             .iter()
             .any(|s| s.cfg.fleet.warm_up.requests.is_empty()),
     }
+}
+
+/// Every setting on every sample, in the settings' order whatever the number of `threads`
+/// (the replays are independent: one chunk of the settings per thread); settings the policy
+/// refuses are left out.
+fn replay_all(samples: &[Sample], all: &[Setting], threads: usize) -> Vec<Tried> {
+    let chunk = all.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = all
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .filter_map(|s| replay(samples, *s))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// `setting` on every sample (`None` for a setting the policy refuses).
@@ -457,6 +462,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(&best.setting.scaling_yaml()), "{text}");
+    }
+
+    #[test]
+    fn the_replays_come_back_in_grid_order_on_any_number_of_threads() {
+        let one = [sample(3)];
+        let all = settings(&grid());
+        let serial = replay_all(&one, &all, 1);
+        assert_eq!(serial.len(), 16);
+        assert!(serial.iter().zip(&all).all(|(t, s)| t.setting == *s));
+        for threads in [3, 16, 64] {
+            assert_eq!(replay_all(&one, &all, threads), serial, "{threads} threads");
+        }
     }
 
     #[test]

@@ -178,7 +178,7 @@ fn a_warmed_fleet_serves_the_first_request_at_once_and_pays_the_cold_start_it_ha
     // and 1 s of decode; billed its 10 s cold start on entry and 2 s of service: the cold
     // run's 12 s, with a TTFT of 1 s instead of 11 s
     let reqs = one_request();
-    let warmed = |at_ms: u64| FleetConfig {
+    let warmed_at = |at_ms: u64| FleetConfig {
         warm_up: WarmUp {
             requests: vec![Request {
                 arrival_ms: at_ms,
@@ -189,7 +189,7 @@ fn a_warmed_fleet_serves_the_first_request_at_once_and_pays_the_cold_start_it_ha
         ..fleet(tiny_profile())
     };
     let mut ours = Ours::new("ours", spec(), Duration::from_secs(1));
-    let run = run_policy(&reqs, &warmed(0), &mut ours);
+    let run = run_policy(&reqs, &warmed_at(0), &mut ours);
     assert_eq!(run.queue_wait_ms, vec![Some(0)]);
     assert_eq!(run.ttft_ms, vec![Some(1_000)]);
     assert_eq!(run.completions, vec![1]);
@@ -208,7 +208,7 @@ fn a_warmed_fleet_serves_the_first_request_at_once_and_pays_the_cold_start_it_ha
         ..spec()
     };
     let mut ours = Ours::new("ours", two_per_replica, Duration::from_secs(1));
-    let run = run_policy(&reqs, &warmed(15_000), &mut ours);
+    let run = run_policy(&reqs, &warmed_at(15_000), &mut ours);
     assert_eq!(run.queue_wait_ms, vec![Some(5_000)]);
     assert_eq!(run.ttft_ms, vec![Some(7_000)]);
     assert_eq!(run.completions, vec![1]);
@@ -216,7 +216,7 @@ fn a_warmed_fleet_serves_the_first_request_at_once_and_pays_the_cold_start_it_ha
     assert_eq!(run.spot_ms, 5_000 + run.end_ms);
     // an always-on fleet pays the same cold start with or without the warm-up
     let cold = run_policy(&reqs, &fleet(tiny_profile()), &mut AlwaysOn::new(1));
-    let warm = run_policy(&reqs, &warmed(0), &mut AlwaysOn::new(1));
+    let warm = run_policy(&reqs, &warmed_at(0), &mut AlwaysOn::new(1));
     assert_eq!(
         (warm.on_demand_ms, warm.cold_starts, warm.ttft_ms),
         (cold.on_demand_ms, cold.cold_starts, cold.ttft_ms)
@@ -420,6 +420,13 @@ fn spot_outage_falls_back_to_on_demand() {
     assert_eq!(run.queue_wait_ms, vec![Some(1_010_000)]);
 }
 
+/// The same simulation after a warm-up pass of its own trace.
+fn warmed(cfg: &SimConfig) -> SimConfig {
+    let mut cfg = cfg.clone();
+    cfg.fleet.warm_up = WarmUp::once_before(&cfg.requests);
+    cfg
+}
+
 /// Half an hour of sparse, bursty synthetic traffic on the tiny profile (10 s cold start, 2 s
 /// target), after a warm-up pass: small enough to replay many times, and with silences and
 /// bursts that short holds pay for in missed targets.
@@ -436,18 +443,14 @@ pub(super) fn small_cfg(seed: u64) -> SimConfig {
         generated_mean: 20.0,
         seed,
     };
-    let requests = trace::synthetic(&syn);
-    SimConfig {
+    warmed(&SimConfig {
+        requests: trace::synthetic(&syn),
         trace_label: "small".into(),
-        fleet: FleetConfig {
-            warm_up: WarmUp::once_before(&requests),
-            ..fleet(tiny_profile())
-        },
-        requests,
+        fleet: fleet(tiny_profile()),
         ours: vec![("ours".into(), spec())],
         tick: Duration::from_secs(1),
         wall_clock_start_s: 0,
-    }
+    })
 }
 
 fn synthetic_cfg(seed: u64, interruptions: f64) -> SimConfig {
@@ -616,14 +619,8 @@ fn every_request_completes_exactly_once_in_every_policy_even_with_interruptions(
     let horizon = cfg.requests.last().map_or(0, |r| r.arrival_ms);
     cfg.fleet.spot_outages = spot_outages(4.0, 300.0, horizon, 11);
     // from empty, and after a warm-up pass (whose jobs may still run when measuring starts)
-    let warmed = SimConfig {
-        fleet: FleetConfig {
-            warm_up: WarmUp::once_before(&cfg.requests),
-            ..cfg.fleet.clone()
-        },
-        ..cfg.clone()
-    };
-    for cfg in [cfg, warmed] {
+    let warm = warmed(&cfg);
+    for cfg in [cfg, warm] {
         let r = simulate(&cfg);
         for p in r.policies.iter().chain([&r.foresight]) {
             assert_eq!(
@@ -684,11 +681,6 @@ fn the_oracle_is_never_beaten() {
                 prefill_tokens_per_s: 300.0,
                 ..c.fleet.profile
             };
-            c
-        };
-        let warmed = |c: &SimConfig| {
-            let mut c = c.clone();
-            c.fleet.warm_up = WarmUp::once_before(&c.requests);
             c
         };
         let mut v = vec![dense.clone(), sparse.clone()];

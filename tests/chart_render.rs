@@ -82,7 +82,12 @@ fn check_types(manifests: &[Manifest]) {
                 assert!(errors.is_empty(), "Model {}: {errors:#?}", m.name);
                 let model: tidal_crds::Model =
                     serde_json::from_value(m.doc.clone()).expect("a Model");
-                model.spec.validate().expect("the controller accepts it");
+                model
+                    .spec
+                    .validate(tidal_crds::ColdStart::Assumed(
+                        tidal_crds::ASSUMED_COLD_START,
+                    ))
+                    .expect("the controller accepts it");
             }
             "ServiceMonitor" | "PodMonitor" => {
                 assert_eq!(m.doc["apiVersion"], "monitoring.coreos.com/v1");

@@ -120,6 +120,23 @@ async fn controller_follows_the_queue_on_a_real_cluster() {
             .then_some(())
     })
     .await;
+    // the time constants the spec leaves out are sized on a cold start: the assumed one,
+    // or the one measured once a replica has been Ready; the one it gives stands
+    eventually(
+        "the time constants in the status",
+        Duration::from_secs(60),
+        || async {
+            let status = models.get("e2e").await.ok()?.status?;
+            let constants = status.time_constants?;
+            assert_eq!(constants.scale_to_zero_after_seconds, 30);
+            assert!(
+                ["Assumed", "Measured"].contains(&constants.cold_start_source.as_str()),
+                "{constants:?}"
+            );
+            Some(())
+        },
+    )
+    .await;
 
     let broker = RedisBroker::connect(
         &redis,

@@ -120,6 +120,15 @@ impl PolicyState {
             arrivals: ArrivalWindow::default(),
         }
     }
+
+    /// Adopts a changed spec and keeps what was seen: the demand samples (now kept for the
+    /// new windows), panic, the targets the scale-down delay holds and the arrivals. A
+    /// fresh state would forget the recent peak, and a fleet whose time constants change
+    /// (an edited spec, a new measurement of the cold start) would shrink at once.
+    pub fn respec(&mut self, spec: &ScalingSpec) {
+        self.window
+            .set_retention(spec.stable_window.max(spec.panic_window));
+    }
 }
 
 fn replicas_for(demand: f64, target: f64) -> u32 {

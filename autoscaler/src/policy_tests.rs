@@ -777,3 +777,40 @@ fn per_level_hold_releases_a_bursts_top_replicas_first() {
     let flat = hold(ScaleDownHold::Flat);
     assert_eq!((flat[59], flat[60], flat[61]), (6, 1, 1));
 }
+
+#[test]
+fn a_new_spec_keeps_the_demand_already_seen() {
+    let short = ScalingSpec {
+        stable_aggregate: StableAggregate::Max,
+        max_scale_down_rate: 1000.0,
+        ..spec()
+    };
+    let long = ScalingSpec {
+        stable_window: s(300),
+        panic_window: s(30),
+        ..short.clone()
+    };
+    let mut kept = PolicyState::new(&short);
+    for t in 0..50 {
+        decide(&serving(4, 40), &short, &mut kept, s(t));
+    }
+    for t in 50..55 {
+        decide(&serving(4, 10), &short, &mut kept, s(t));
+    }
+    kept.respec(&long);
+    let mut fresh = PolicyState::new(&long);
+    // the peak of 40 in flight, 6 s ago, is in the window: 4 replicas, not 1
+    assert_eq!(decide(&serving(4, 10), &long, &mut kept, s(55)).serving, 4);
+    assert_eq!(decide(&serving(4, 10), &long, &mut fresh, s(55)).serving, 1);
+    // and it is kept for the new, longer window: still there 110 s after it
+    for t in 56..159 {
+        decide(&serving(4, 10), &long, &mut kept, s(t));
+    }
+    assert_eq!(decide(&serving(4, 10), &long, &mut kept, s(159)).serving, 4);
+    // back to the short window: the old samples go
+    kept.respec(&short);
+    assert_eq!(
+        decide(&serving(4, 10), &short, &mut kept, s(160)).serving,
+        1
+    );
+}

@@ -33,6 +33,12 @@ impl Window {
         }
     }
 
+    /// Keeps samples for `retention` from now on; a shorter one drops the older samples
+    /// at the next record, a longer one keeps the present ones longer.
+    pub fn set_retention(&mut self, retention: Duration) {
+        self.retention = retention;
+    }
+
     /// Records `value` at `now`. Samples earlier than the newest bucket are folded into it.
     pub fn record(&mut self, now: Duration, value: f64) {
         let index = now.as_millis() / BUCKET_MS;

@@ -7,6 +7,10 @@
 //! GKE, AWS node-termination-handler taints, or a termination node condition) count as
 //! *interrupted* and never as ready, so the policy replaces them before they go. Pods being
 //! deleted are neither: they drain and leave, but are still *scheduled* (they cost money).
+//!
+//! A ready pod's *cold start* is the time from its creation to its `Ready` condition: node
+//! provisioning, scheduling, image pull, weight download and model load, all that a request
+//! waits for when it arrives at a fleet too small for it.
 
 use std::time::{Duration, SystemTime};
 
@@ -20,6 +24,30 @@ pub struct PoolObservation {
     pub capacity: CapacityObserved,
     /// Pods bound to a node (starting, ready, interrupted or draining): what costs money.
     pub scheduled: u32,
+    /// The slowest [`cold_start`] among the ready pods.
+    pub slowest_cold_start: Option<Duration>,
+}
+
+/// How long a Ready pod took from creation to Ready; `None` for a pod that is not Ready, or
+/// whose containers restarted (its `Ready` time is that of the restart, not of its start).
+pub fn cold_start(pod: &Pod) -> Option<Duration> {
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let restarted = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .any(|c| c.restart_count > 0);
+    if restarted {
+        return None;
+    }
+    let created = SystemTime::from(pod.metadata.creation_timestamp.as_ref()?.0);
+    let ready_at = SystemTime::from(ready.last_transition_time.as_ref()?.0);
+    ready_at.duration_since(created).ok()
 }
 
 /// Whether `node` shows a spot interruption signal.
@@ -94,6 +122,7 @@ pub fn observe_pool<'a>(
             out.capacity.interrupted += 1;
         } else if is_ready(pod) {
             out.capacity.ready += 1;
+            out.slowest_cold_start = out.slowest_cold_start.max(cold_start(pod));
         } else {
             out.capacity.starting += 1;
         }
@@ -106,7 +135,8 @@ pub fn observe_pool<'a>(
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        NodeCondition, NodeSpec, NodeStatus, PodCondition, PodSpec, PodStatus, Taint,
+        ContainerStatus, NodeCondition, NodeSpec, NodeStatus, PodCondition, PodSpec, PodStatus,
+        Taint,
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
@@ -215,6 +245,55 @@ mod tests {
         });
         assert_eq!(got.capacity, CapacityObserved::default());
         assert_eq!(got.scheduled, 1);
+    }
+
+    fn started(created_s: i64, ready_s: i64, restarts: i32) -> Pod {
+        let mut p = pod(Some("ok"), true, created_s);
+        let status = p.status.as_mut().unwrap();
+        status.conditions.as_mut().unwrap()[0].last_transition_time =
+            Some(Time(Timestamp::from_second(ready_s).unwrap()));
+        status.container_statuses = Some(vec![ContainerStatus {
+            restart_count: restarts,
+            ..ContainerStatus::default()
+        }]);
+        p
+    }
+
+    #[test]
+    fn cold_start_is_creation_to_ready_of_pods_that_never_restarted() {
+        assert_eq!(
+            cold_start(&started(100, 175, 0)),
+            Some(Duration::from_secs(75))
+        );
+        assert_eq!(cold_start(&started(100, 175, 1)), None, "restarted");
+        let mut unready = started(100, 175, 0);
+        unready
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .status = "False".into();
+        assert_eq!(cold_start(&unready), None);
+        assert_eq!(cold_start(&pod(Some("ok"), true, 100)), None, "no time");
+        // the pool keeps the slowest of its ready pods; an interrupted one does not count
+        let nodes = HashMap::from([
+            ("ok", node(None, None)),
+            ("karpenter", node(Some("karpenter.sh/disrupted"), None)),
+        ]);
+        let mut doomed = started(0, 500, 0);
+        doomed.spec.as_mut().unwrap().node_name = Some("karpenter".into());
+        let pods = [
+            started(100, 130, 0),
+            started(200, 290, 0),
+            started(0, 400, 2),
+            doomed,
+        ];
+        let got = observe_pool(&pods, |n| nodes.get(n).cloned());
+        assert_eq!(got.capacity.ready, 3);
+        assert_eq!(got.slowest_cold_start, Some(Duration::from_secs(90)));
+        assert_eq!(observe_pool(&[], |_| None).slowest_cold_start, None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tidal_autoscaler::{decide_at, telemetry, Observed, PolicyState, ScalingSpec};
 use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
-use tidal_crds::{Model, ModelSpec, ModelStatus, FINALIZER};
+use tidal_crds::{ColdStart, Model, ModelSpec, ModelStatus, TimeConstants, FINALIZER};
 use tidal_queue::{CapacityType, ClaimedJob, JobFailure, ModelRecord};
 use tracing::Instrument;
 
@@ -140,10 +140,10 @@ async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Res
 }
 
 /// Takes the Model's memory out of the shared map for the tick (put back after).
-fn take_memory(ctx: &Context, id: &str, scaling: Option<&ScalingSpec>) -> Memory {
-    let mut mem = ctx.memory().remove(id).unwrap_or_else(|| Memory {
-        policy: PolicyState::new(scaling.unwrap_or(&ScalingSpec::default())),
-        scaling: scaling.cloned(),
+fn take_memory(ctx: &Context, id: &str) -> Memory {
+    ctx.memory().remove(id).unwrap_or_else(|| Memory {
+        policy: PolicyState::new(&ScalingSpec::default()),
+        scaling: None,
         decision: None,
         decided_at: None,
         applied_generation: None,
@@ -153,21 +153,62 @@ fn take_memory(ctx: &Context, id: &str, scaling: Option<&ScalingSpec>) -> Memory
         last_request: None,
         invalid_generation: None,
         unrecorded: Vec::new(),
-    });
-    if let Some(s) = scaling {
-        if mem.scaling.as_ref() != Some(s) {
-            // new windows: the old samples were taken under other rules
-            mem.policy = PolicyState::new(s);
-            mem.scaling = Some(s.clone());
-        }
+    })
+}
+
+/// Points the policy's memory at `scaling` when it changed (an edited spec, or time
+/// constants sized on a new cold start), keeping the demand it has seen.
+fn adopt_scaling(mem: &mut Memory, scaling: &ScalingSpec) {
+    if mem.scaling.as_ref() != Some(scaling) {
+        mem.policy.respec(scaling);
+        mem.scaling = Some(scaling.clone());
     }
-    mem
+}
+
+/// The Model's pools as the tick sees them, and the cold start its time constants are
+/// sized on.
+struct Fleet {
+    spot: PoolObservation,
+    on_demand: PoolObservation,
+    /// The slowest cold start of the Ready replicas, else the one the status kept.
+    measured_cold_start: Option<Duration>,
+    cold_start: ColdStart,
+}
+
+/// The longest cold start the status records: a longer one is a stuck pod, not a start.
+const MAX_COLD_START: Duration = Duration::from_secs(3600);
+
+fn observe_fleet(ctx: &Context, model: &Model, mem: &Memory, ns: &str, name: &str) -> Fleet {
+    let spot = observe(ctx, ns, name, CapacityType::Spot);
+    let on_demand = observe(ctx, ns, name, CapacityType::OnDemand);
+    let kept = mem
+        .status
+        .as_ref()
+        .or(model.status.as_ref())
+        .and_then(|s| s.measured_cold_start_seconds)
+        .map(|s| Duration::from_secs(u64::from(s)));
+    let measured = spot
+        .slowest_cold_start
+        .max(on_demand.slowest_cold_start)
+        // whole seconds, rounded up: the status shows them, and sub-second changes would
+        // change the time constants at every new pod
+        .map(|d| Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0)))
+        .map(|d| d.clamp(Duration::from_secs(1), MAX_COLD_START))
+        .or(kept);
+    Fleet {
+        cold_start: model.spec.cold_start(measured),
+        spot,
+        on_demand,
+        measured_cold_start: measured,
+    }
 }
 
 async fn apply(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
     let name = model.name_any();
     let id = model_id(&ns, &name);
+    let mut mem = take_memory(&ctx, &id);
+    let fleet = observe_fleet(&ctx, &model, &mem, &ns, &name);
     let checked = if name.len() > MAX_NAME_LEN {
         Err(format!(
             "the name is longer than {MAX_NAME_LEN} characters (Deployment names and pod labels must fit)"
@@ -175,13 +216,15 @@ async fn apply(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     } else {
         model
             .spec
-            .validate()
+            .validate(fleet.cold_start)
             .and_then(|s| Ok((s, model.spec.source()?)))
             .map_err(|e| e.to_string())
     };
-    let mut mem = take_memory(&ctx, &id, checked.as_ref().ok().map(|(s, _)| s));
     let result = match checked {
-        Ok((scaling, source)) => tick(&model, &ctx, &mut mem, &scaling, &source).await,
+        Ok((scaling, source)) => {
+            adopt_scaling(&mut mem, &scaling);
+            tick(&model, &ctx, &mut mem, &scaling, &source, fleet).await
+        }
         Err(message) => invalid(&model, &ctx, &mut mem, message).await,
     };
     ctx.memory().insert(id, mem);
@@ -304,6 +347,7 @@ async fn tick(
     mem: &mut Memory,
     scaling: &ScalingSpec,
     source: &tidal_crds::Source,
+    fleet: Fleet,
 ) -> Result<Action> {
     let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
     let name = model.name_any();
@@ -337,8 +381,12 @@ async fn tick(
             return Err(e.into());
         }
     };
-    let spot = observe(ctx, &ns, &name, CapacityType::Spot);
-    let on_demand = observe(ctx, &ns, &name, CapacityType::OnDemand);
+    let Fleet {
+        spot,
+        on_demand,
+        measured_cold_start,
+        cold_start,
+    } = fleet;
     // Before any API call, so a failing apply does not leave the gauge behind the pods.
     for (capacity, pool) in [
         (CapacityType::Spot, &spot),
@@ -463,6 +511,8 @@ async fn tick(
             last_request: mem.last_request.map(to_time),
             degraded: (!degraded.is_empty()).then(|| degraded.join("; ")),
             now: to_time(now),
+            measured_cold_start,
+            time_constants: TimeConstants::of(scaling, cold_start),
         },
         previous.as_ref(),
     );

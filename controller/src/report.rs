@@ -1,9 +1,11 @@
 //! What a tick tells the outside world (pure): the Model's status, the broker's model
 //! record state, and the Kubernetes Events worth emitting for a change of decision.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tidal_autoscaler::{Decision, Observed};
-use tidal_crds::{CapacityStatus, ModelStatus, Phase};
+use tidal_crds::{CapacityStatus, ModelStatus, Phase, TimeConstants};
 use tidal_queue::ModelState;
 
 /// Inputs of one tick's status.
@@ -21,6 +23,10 @@ pub struct Tick<'a> {
     pub degraded: Option<String>,
     /// Now, for condition transition times.
     pub now: Time,
+    /// The cold start measured on the Model's replicas (or kept from before).
+    pub measured_cold_start: Option<Duration>,
+    /// The time constants the policy ran with.
+    pub time_constants: TimeConstants,
 }
 
 /// The serving phase for a decision and what is running.
@@ -132,6 +138,10 @@ pub fn status(t: &Tick<'_>, previous: Option<&ModelStatus>) -> ModelStatus {
         decoding: o.decoding,
         last_request_time: t.last_request.clone(),
         conditions,
+        measured_cold_start_seconds: t
+            .measured_cold_start
+            .map(|d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX)),
+        time_constants: Some(t.time_constants.clone()),
         observed_generation: t.generation,
     }
 }
@@ -157,6 +167,8 @@ pub fn invalid_status(
     status.conditions.extend(conditions);
     status.phase = Phase::Degraded;
     status.observed_generation = generation;
+    // the controller does not act on this spec: no time constants are in force
+    status.time_constants = None;
     status
 }
 

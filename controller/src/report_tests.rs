@@ -3,6 +3,7 @@
 use super::*;
 use k8s_openapi::jiff::Timestamp;
 use tidal_autoscaler::{CapacityObserved, Reason};
+use tidal_crds::StableAggregate;
 
 fn decision(spot: u32, on_demand: u32, fallback: u32) -> Decision {
     Decision {
@@ -72,6 +73,18 @@ fn phases() {
     );
 }
 
+fn constants() -> TimeConstants {
+    TimeConstants {
+        cold_start_seconds: 75,
+        cold_start_source: "Measured".into(),
+        stable_window_seconds: 375,
+        stable_aggregate: StableAggregate::Max,
+        panic_window_seconds: 37.5,
+        scale_down_delay_seconds: 375,
+        scale_to_zero_after_seconds: 750,
+    }
+}
+
 #[test]
 fn status_reports_per_capacity_and_keeps_transition_times() {
     let o = observed(2, 1, 7);
@@ -83,6 +96,8 @@ fn status_reports_per_capacity_and_keeps_transition_times() {
         last_request: Some(t(90)),
         degraded: None,
         now: t(100),
+        measured_cold_start: Some(Duration::from_secs(75)),
+        time_constants: constants(),
     };
     let s = status(&tick, None);
     assert_eq!(s.phase, Phase::Ready);
@@ -104,6 +119,8 @@ fn status_reports_per_capacity_and_keeps_transition_times() {
     assert_eq!((s.fallback_replicas, s.backlog, s.in_flight), (1, 7, 1));
     assert_eq!(s.observed_generation, Some(4));
     assert_eq!(s.last_request_time, Some(t(90)));
+    assert_eq!(s.measured_cold_start_seconds, Some(75));
+    assert_eq!(s.time_constants, Some(constants()));
     let spot = s
         .conditions
         .iter()
@@ -151,6 +168,8 @@ fn degraded_status_carries_the_message() {
             last_request: None,
             degraded: Some("prices not published: ledger down".into()),
             now: t(5),
+            measured_cold_start: None,
+            time_constants: constants(),
         },
         None,
     );
@@ -164,11 +183,16 @@ fn degraded_status_carries_the_message() {
 fn invalid_status_sets_spec_valid_false_and_keeps_the_rest() {
     let previous = ModelStatus {
         backlog: 3,
+        measured_cold_start_seconds: Some(40),
+        time_constants: Some(constants()),
         ..ModelStatus::default()
     };
     let s = invalid_status("bad".into(), Some(2), t(9), Some(&previous));
     assert_eq!(s.phase, Phase::Degraded);
     assert_eq!(s.backlog, 3);
+    // the measurement stays; no time constants are in force for a spec not acted on
+    assert_eq!(s.measured_cold_start_seconds, Some(40));
+    assert_eq!(s.time_constants, None);
     assert_eq!(s.observed_generation, Some(2));
     let c = &s.conditions[0];
     assert_eq!(

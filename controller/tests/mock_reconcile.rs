@@ -537,3 +537,105 @@ async fn a_reconcile_within_the_tick_reuses_the_decision() {
     expect_status(&mut h, &m).await;
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn time_constants_left_out_follow_the_measured_cold_start() {
+    let mut h = Harness::new().await;
+    // the example gives only scaleToZeroAfterSeconds (120) of the five time constants
+    let m = Arc::new(model("small", true));
+
+    // no replica has started yet: sized on the assumed 60 s (longer than the 2 s TTFT
+    // target, so the holds of a restart that misses it)
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &m, 0, 0).await;
+    let status = expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status.get("measuredColdStartSeconds"), None);
+    assert_eq!(
+        status["timeConstants"],
+        json!({
+            "coldStartSeconds": 60,
+            "coldStartSource": "Assumed",
+            "stableWindowSeconds": 300,
+            "stableAggregate": "Max",
+            "panicWindowSeconds": 30.0,
+            "scaleDownDelaySeconds": 300,
+            "scaleToZeroAfterSeconds": 120
+        })
+    );
+
+    // a replica that took 90.2 s from creation to Ready (one that restarted a container
+    // is left out: observe.rs tests that)
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
+    h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
+    let started = |name: &str, ready_after_ms: i64, restarts: i32| {
+        let mut p = worker_pod(name, NAME, CapacityType::OnDemand, Some("n1"), true);
+        p.metadata.namespace = Some(NS.into());
+        let status = p.status.as_mut().unwrap();
+        status.conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(
+            Timestamp::from_millisecond(T0 as i64 * 1000 + ready_after_ms).unwrap(),
+        ));
+        status.container_statuses = Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+            restart_count: restarts,
+            ..Default::default()
+        }]);
+        p
+    };
+    let pod = started("od-a", 90_200, 0);
+    h.add_pod(pod.clone());
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let status = expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["readyReplicas"], 1);
+    assert_eq!(status["measuredColdStartSeconds"], 91);
+    assert_eq!(
+        status["timeConstants"],
+        json!({
+            "coldStartSeconds": 91,
+            "coldStartSource": "Measured",
+            "stableWindowSeconds": 455,
+            "stableAggregate": "Max",
+            "panicWindowSeconds": 45.5,
+            "scaleDownDelaySeconds": 455,
+            "scaleToZeroAfterSeconds": 120
+        })
+    );
+
+    // the replicas go: the measurement stays
+    h.remove_pod(pod);
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let status = expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["readyReplicas"], 0);
+    assert_eq!(status["measuredColdStartSeconds"], 91);
+    assert_eq!(status["timeConstants"]["coldStartSource"], "Measured");
+    assert_eq!(status["timeConstants"]["stableWindowSeconds"], 455);
+
+    // the spec's cold start wins over the measurement
+    let mut given = (*m).clone();
+    given.spec.scaling.cold_start_seconds = Some(10);
+    given.spec.scaling.ttft_target_milliseconds = 30_000;
+    given.metadata.generation = Some(2);
+    let given = Arc::new(given);
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(given.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &given, 0, 0).await;
+    let status = expect_status(&mut h, &given).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(status["measuredColdStartSeconds"], 91);
+    assert_eq!(
+        status["timeConstants"],
+        json!({
+            "coldStartSeconds": 10,
+            "coldStartSource": "Spec",
+            "stableWindowSeconds": 60,
+            "stableAggregate": "Max",
+            "panicWindowSeconds": 6.0,
+            "scaleDownDelaySeconds": 50,
+            "scaleToZeroAfterSeconds": 120
+        })
+    );
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}

@@ -9,13 +9,13 @@ pub mod mapping;
 pub mod spec;
 pub mod status;
 
-pub use mapping::{InvalidSpec, Source};
+pub use mapping::{ColdStart, InvalidSpec, Source, ASSUMED_COLD_START};
 pub use spec::{
     Capacity, CapacityMode, CapacityPool, Model, ModelSource, ModelSpec, Pricing, Quantisation,
     Resources, RuntimeSettings, ScaleDownHold, Scaling, ScheduledFloor, SecretKeyRef,
     StableAggregate, Weekday,
 };
-pub use status::{CapacityStatus, ModelStatus, Phase};
+pub use status::{CapacityStatus, ModelStatus, Phase, TimeConstants};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -14,6 +14,7 @@ use tidal_autoscaler::{
 use crate::spec::{
     CapacityMode, ModelSpec, ScaleDownHold, ScheduledFloor, StableAggregate as SpecAggregate,
 };
+use crate::status::TimeConstants;
 
 /// Why a spec cannot be acted on.
 #[derive(Debug, Error, PartialEq)]
@@ -126,24 +127,112 @@ fn is_sha256(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// The cold start assumed for a Model that names none before any of its replicas has been
+/// Ready: GPU nodes take about a minute to provision, and the shipped simulator profiles use
+/// 60 s. Too long an assumption costs holds; too short a one costs requests (a 20 s cold
+/// start's holds reached 88 % of requests within 2 s on the simulated GPU fleet, where those
+/// of 60 s reached 99.7-100 %; docs/autoscaling.md).
+pub const ASSUMED_COLD_START: Duration = Duration::from_secs(60);
+
+/// Where the cold start that sizes a Model's unset time constants came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColdStart {
+    /// `scaling.coldStartSeconds`.
+    Spec(Duration),
+    /// The controller's measurement of the Model's own replicas.
+    Measured(Duration),
+    /// [`ASSUMED_COLD_START`]: none given, none measured yet.
+    Assumed(Duration),
+}
+
+impl ColdStart {
+    /// The cold start itself.
+    pub fn duration(self) -> Duration {
+        match self {
+            ColdStart::Spec(d) | ColdStart::Measured(d) | ColdStart::Assumed(d) => d,
+        }
+    }
+
+    /// `Spec`, `Measured` or `Assumed`, as the status names it.
+    pub fn source(self) -> &'static str {
+        match self {
+            ColdStart::Spec(_) => "Spec",
+            ColdStart::Measured(_) => "Measured",
+            ColdStart::Assumed(_) => "Assumed",
+        }
+    }
+}
+
+impl TimeConstants {
+    /// The time constants of `spec` (the policy's, from [`ModelSpec::scaling_spec`]) as the
+    /// status shows them, with the cold start they were sized on.
+    pub fn of(spec: &ScalingSpec, cold_start: ColdStart) -> Self {
+        let whole = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        TimeConstants {
+            cold_start_seconds: whole(cold_start.duration()),
+            cold_start_source: cold_start.source().into(),
+            stable_window_seconds: whole(spec.stable_window),
+            stable_aggregate: match spec.stable_aggregate {
+                StableAggregate::Mean => SpecAggregate::Mean,
+                StableAggregate::Max => SpecAggregate::Max,
+            },
+            panic_window_seconds: spec.panic_window.as_secs_f64(),
+            scale_down_delay_seconds: whole(spec.scale_down_delay),
+            scale_to_zero_after_seconds: whole(spec.scale_to_zero_after),
+        }
+    }
+}
+
 impl ModelSpec {
+    /// The cold start that sizes the time constants the spec leaves out:
+    /// `scaling.coldStartSeconds`, else `measured` (the controller's), else
+    /// [`ASSUMED_COLD_START`].
+    pub fn cold_start(&self, measured: Option<Duration>) -> ColdStart {
+        match (self.scaling.cold_start_seconds, measured) {
+            (Some(s), _) => ColdStart::Spec(secs(s)),
+            (None, Some(m)) => ColdStart::Measured(m),
+            (None, None) => ColdStart::Assumed(ASSUMED_COLD_START),
+        }
+    }
+
     /// The scaling and capacity sections as the autoscaling policy reads them, validated.
-    pub fn scaling_spec(&self) -> Result<ScalingSpec, InvalidSpec> {
+    /// The time constants left out are those of [`ScalingSpec::with_cold_start`] for
+    /// `cold_start` (at the spec's TTFT target); a stable window left out is at least a
+    /// panic window given, so whether a spec is valid does not depend on the cold start.
+    pub fn scaling_spec(&self, cold_start: ColdStart) -> Result<ScalingSpec, InvalidSpec> {
         let s = &self.scaling;
         let c = &self.capacity;
+        let ttft_target = Duration::from_millis(u64::from(s.ttft_target_milliseconds));
+        let sized = ScalingSpec {
+            ttft_target,
+            ..ScalingSpec::default()
+        }
+        .with_cold_start(cold_start.duration());
+        let panic_given = s.panic_window_seconds.map(secs);
+        let stable_window = s
+            .stable_window_seconds
+            .map(secs)
+            .unwrap_or_else(|| sized.stable_window.max(panic_given.unwrap_or_default()));
         let spec = ScalingSpec {
             min_replicas: s.min_replicas,
             max_replicas: s.max_replicas,
             target_in_flight_per_replica: f64::from(s.target_in_flight_per_replica),
-            scale_to_zero_after: secs(s.scale_to_zero_after_seconds),
-            stable_window: secs(s.stable_window_seconds),
+            scale_to_zero_after: s
+                .scale_to_zero_after_seconds
+                .map_or(sized.scale_to_zero_after, secs),
+            stable_window,
             stable_aggregate: match s.stable_aggregate {
-                SpecAggregate::Mean => StableAggregate::Mean,
-                SpecAggregate::Max => StableAggregate::Max,
+                None => sized.stable_aggregate,
+                Some(SpecAggregate::Mean) => StableAggregate::Mean,
+                Some(SpecAggregate::Max) => StableAggregate::Max,
             },
-            panic_window: secs(s.panic_window_seconds),
+            // a tenth of the stable window, as the sized spec's; 1 s at least (the schema's floor)
+            panic_window: panic_given
+                .unwrap_or_else(|| (stable_window / 10).max(Duration::from_secs(1))),
             panic_threshold: f64::from(s.panic_threshold_percent) / 100.0,
-            scale_down_delay: secs(s.scale_down_delay_seconds),
+            scale_down_delay: s
+                .scale_down_delay_seconds
+                .map_or(sized.scale_down_delay, secs),
             scale_down_hold: match s.scale_down_hold {
                 ScaleDownHold::Flat => PolicyHold::Flat,
                 ScaleDownHold::PerLevel => PolicyHold::PerLevel,
@@ -158,7 +247,7 @@ impl ModelSpec {
             base_on_demand_replicas: c.base_on_demand_replicas,
             fallback_after: secs(c.fallback_after_seconds),
             prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
-            ttft_target: Duration::from_millis(u64::from(s.ttft_target_milliseconds)),
+            ttft_target,
             decoding_weight: f64::from(s.decoding_weight_percent) / 100.0,
             floor_schedule: s
                 .floor_schedule
@@ -225,8 +314,9 @@ impl ModelSpec {
         bad(format!("{uri:?}: expected file://, https:// or hf://"))
     }
 
-    /// Every check the reconciler needs before acting.
-    pub fn validate(&self) -> Result<ScalingSpec, InvalidSpec> {
+    /// Every check the reconciler needs before acting; the policy's spec with the time
+    /// constants left out sized on `cold_start`.
+    pub fn validate(&self, cold_start: ColdStart) -> Result<ScalingSpec, InvalidSpec> {
         self.source()?;
         for (field, v) in [
             (
@@ -246,7 +336,7 @@ impl ModelSpec {
                 return Err(InvalidSpec::NegativePrice(field));
             }
         }
-        self.scaling_spec()
+        self.scaling_spec(cold_start)
     }
 }
 

@@ -238,7 +238,8 @@ pub enum ScaleDownHold {
     PerLevel,
 }
 
-/// How summarising demand over the stable window works.
+/// How the stable window summarises demand. Left out of `scaling`: `Max`.
+// (On the optional `scaling.stableAggregate` the schema shows this doc, not the field's.)
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum StableAggregate {
     /// The window's mean (Knative's KPA).
@@ -249,10 +250,16 @@ pub enum StableAggregate {
 }
 
 /// Autoscaling (Knative KPA-style, driven by queue depth).
+///
+/// The five time constants (`stableWindowSeconds`, `stableAggregate`, `panicWindowSeconds`,
+/// `scaleDownDelaySeconds`, `scaleToZeroAfterSeconds`) that are left out are sized on the
+/// replicas' cold start: `coldStartSeconds` when given, else the cold start the controller
+/// measures (`status.measuredColdStartSeconds`), else 60 s until a replica has started.
+/// `status.timeConstants` shows the values in force.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
-#[x_kube(validation = kube::core::Rule::new("self.panicWindowSeconds <= self.stableWindowSeconds").message("panicWindowSeconds must not exceed stableWindowSeconds"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.panicWindowSeconds) || !has(self.stableWindowSeconds) || self.panicWindowSeconds <= self.stableWindowSeconds").message("panicWindowSeconds must not exceed stableWindowSeconds"))]
 #[x_kube(validation = kube::core::Rule::new("!has(self.floorSchedule) || self.floorSchedule.all(w, w.minReplicas <= self.maxReplicas)").message("floorSchedule minReplicas must not exceed maxReplicas"))]
 pub struct Scaling {
     /// Fewest serving replicas; 0 allows scale to zero.
@@ -267,29 +274,39 @@ pub struct Scaling {
     #[serde(default = "default_target")]
     #[schemars(range(min = 1, max = 10000))]
     pub target_in_flight_per_replica: u32,
-    /// Idle seconds (no backlog, nothing in flight, no new request) before scaling to zero.
-    #[serde(default = "default_scale_to_zero_after")]
-    #[schemars(range(min = 1, max = 86400))]
-    pub scale_to_zero_after_seconds: u32,
-    /// Seconds over which demand is summarised for normal decisions.
-    #[serde(default = "default_stable_window")]
-    #[schemars(range(min = 6, max = 3600))]
-    pub stable_window_seconds: u32,
-    /// How the stable window summarises demand.
-    #[serde(default)]
-    pub stable_aggregate: StableAggregate,
-    /// Short window whose average triggers panic mode.
-    #[serde(default = "default_panic_window")]
+    /// The replicas' cold start (pod created to Ready: node, image, weights, load) that the
+    /// time constants left out are sized on. Left out: the controller's measurement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600))]
-    pub panic_window_seconds: u32,
+    pub cold_start_seconds: Option<u32>,
+    /// Idle seconds (no backlog, nothing in flight, no new request) before scaling to zero.
+    /// Left out: 10 cold starts (at least 120; at least 600 when a cold start is longer than
+    /// the TTFT target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub scale_to_zero_after_seconds: Option<u32>,
+    /// Seconds over which demand is summarised for normal decisions. Left out: 5 cold
+    /// starts (at least 60; at least 300 when a cold start is longer than the TTFT target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 6, max = 3600))]
+    pub stable_window_seconds: Option<u32>,
+    /// How the stable window summarises demand. Left out: `Max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_aggregate: Option<StableAggregate>,
+    /// Short window whose average triggers panic mode. Left out: a tenth of the stable
+    /// window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub panic_window_seconds: Option<u32>,
     /// Panic when the panic-window demand needs at least this percentage of the ready replicas.
     #[serde(default = "default_panic_threshold")]
     #[schemars(range(min = 110, max = 1000))]
     pub panic_threshold_percent: u32,
-    /// Scale down only to the highest target of this trailing period (0: off).
-    #[serde(default)]
+    /// Scale down only to the highest target of this trailing period (0: off). Left out: 5
+    /// cold starts (at least 300 when a cold start is longer than the TTFT target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 3600))]
-    pub scale_down_delay_seconds: u32,
+    pub scale_down_delay_seconds: Option<u32>,
     /// How the scale-down delay holds past targets.
     #[serde(default)]
     pub scale_down_hold: ScaleDownHold,
@@ -390,15 +407,6 @@ fn default_max_replicas() -> u32 {
 fn default_target() -> u32 {
     8
 }
-fn default_scale_to_zero_after() -> u32 {
-    120
-}
-fn default_stable_window() -> u32 {
-    60
-}
-fn default_panic_window() -> u32 {
-    6
-}
 fn default_panic_threshold() -> u32 {
     200
 }
@@ -427,12 +435,13 @@ impl Default for Scaling {
             min_replicas: 0,
             max_replicas: default_max_replicas(),
             target_in_flight_per_replica: default_target(),
-            scale_to_zero_after_seconds: default_scale_to_zero_after(),
-            stable_window_seconds: default_stable_window(),
-            stable_aggregate: StableAggregate::Mean,
-            panic_window_seconds: default_panic_window(),
+            cold_start_seconds: None,
+            scale_to_zero_after_seconds: None,
+            stable_window_seconds: None,
+            stable_aggregate: None,
+            panic_window_seconds: None,
             panic_threshold_percent: default_panic_threshold(),
-            scale_down_delay_seconds: 0,
+            scale_down_delay_seconds: None,
             scale_down_hold: ScaleDownHold::Flat,
             max_scale_up_rate: default_up_rate(),
             max_scale_down_rate: default_down_rate(),

@@ -4,6 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::spec::StableAggregate;
+
 /// Serving phase of a model.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Phase {
@@ -62,7 +64,37 @@ pub struct ModelStatus {
     /// `Ready`, `SpotAvailable` and `SpecValid` conditions with reasons.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The slowest cold start (pod created to Ready) among the Ready replicas the controller
+    /// last saw, in whole seconds, kept while the model has none; replicas that restarted a
+    /// container are left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_cold_start_seconds: Option<u32>,
+    /// The time constants the autoscaler runs with: those the spec gives, the others sized
+    /// on the cold start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_constants: Option<TimeConstants>,
     /// The spec generation this status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The autoscaler's time constants in force, and the cold start the unset ones are sized on.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeConstants {
+    /// The cold start the time constants left out of the spec are sized on.
+    pub cold_start_seconds: u32,
+    /// Where it comes from: `Spec` (`scaling.coldStartSeconds`), `Measured`
+    /// (`measuredColdStartSeconds`) or `Assumed` (60 s, before a replica has been Ready).
+    pub cold_start_source: String,
+    /// Stable window.
+    pub stable_window_seconds: u32,
+    /// How the stable window summarises demand.
+    pub stable_aggregate: StableAggregate,
+    /// Panic window (may be fractional when sized: a tenth of the stable window).
+    pub panic_window_seconds: f64,
+    /// Scale-down delay.
+    pub scale_down_delay_seconds: u32,
+    /// Idle time before scaling to zero.
+    pub scale_to_zero_after_seconds: u32,
 }

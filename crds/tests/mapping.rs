@@ -7,8 +7,12 @@ use tidal_autoscaler::{
     CapacityMode as P, ScaleDownHold as H, ScalingSpec, SpecError, StableAggregate as A,
 };
 use tidal_crds::{
-    CapacityMode, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source, StableAggregate,
+    CapacityMode, ColdStart, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source, StableAggregate,
+    TimeConstants, ASSUMED_COLD_START,
 };
+
+/// The cold start a Model is sized on before it has one of its own.
+const COLD: ColdStart = ColdStart::Assumed(ASSUMED_COLD_START);
 
 fn spec() -> ModelSpec {
     let m: Model =
@@ -21,7 +25,7 @@ fn scaling_maps_every_field() {
     // the example leaves the scale-up rate unlimited (the default); set one to see it mapped
     let mut s = spec();
     s.scaling.max_scale_up_rate = 3.0;
-    let got = s.scaling_spec().unwrap();
+    let got = s.scaling_spec(COLD).unwrap();
     assert_eq!(
         got,
         ScalingSpec {
@@ -84,16 +88,151 @@ fn a_scaling_block_from_tidal_sim_tune_reads_back_as_its_setting() {
             .insert(k.clone(), v.clone());
     }
     s.scaling = serde_yaml::from_value(scaling).unwrap();
-    let base = spec().scaling_spec().unwrap();
-    assert_eq!(s.scaling_spec().unwrap(), tuned.apply(&base));
+    let base = spec().scaling_spec(COLD).unwrap();
+    assert_eq!(s.scaling_spec(COLD).unwrap(), tuned.apply(&base));
 }
 
 #[test]
-fn defaults_match_the_policy_defaults() {
+fn knative_time_constants_give_the_policy_defaults() {
     let mut s = spec();
     s.scaling = Default::default();
     s.capacity = Default::default();
-    assert_eq!(s.scaling_spec().unwrap(), ScalingSpec::default());
+    s.scaling.stable_window_seconds = Some(60);
+    s.scaling.stable_aggregate = Some(StableAggregate::Mean);
+    s.scaling.panic_window_seconds = Some(6);
+    s.scaling.scale_down_delay_seconds = Some(0);
+    s.scaling.scale_to_zero_after_seconds = Some(120);
+    // given, they stand whatever the cold start
+    for cold in [COLD, ColdStart::Measured(Duration::from_secs(7))] {
+        assert_eq!(s.scaling_spec(cold).unwrap(), ScalingSpec::default());
+    }
+}
+
+#[test]
+fn time_constants_left_out_are_sized_on_the_cold_start() {
+    let mut s = spec();
+    s.scaling = Default::default();
+    s.capacity = Default::default();
+    // nothing given: the preset of the cold start, at the spec's TTFT target
+    for c in [5, 20, 60, 90] {
+        let c = Duration::from_secs(c);
+        for cold in [ColdStart::Measured(c), ColdStart::Assumed(c)] {
+            assert_eq!(
+                s.scaling_spec(cold).unwrap(),
+                ScalingSpec::for_cold_start(c),
+                "{cold:?}"
+            );
+        }
+    }
+    // a GPU model starting in 20 s gets the holds of a 60 s start (a restart misses a 2 s
+    // target anyway); with a 30 s target, the same cold start gets its own 5c / 10c
+    let gpu = s
+        .scaling_spec(ColdStart::Measured(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(
+        (gpu.stable_window, gpu.panic_window, gpu.stable_aggregate),
+        (Duration::from_secs(300), Duration::from_secs(30), A::Max)
+    );
+    assert_eq!(
+        (gpu.scale_down_delay, gpu.scale_to_zero_after),
+        (Duration::from_secs(300), Duration::from_secs(600))
+    );
+    s.scaling.ttft_target_milliseconds = 30_000;
+    let cpu = s
+        .scaling_spec(ColdStart::Measured(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(
+        (cpu.stable_window, cpu.panic_window, cpu.scale_down_delay),
+        (
+            Duration::from_secs(100),
+            Duration::from_secs(10),
+            Duration::from_secs(100)
+        )
+    );
+    assert_eq!(cpu.scale_to_zero_after, Duration::from_secs(200));
+    assert_eq!(cpu.ttft_target, Duration::from_secs(30));
+
+    // the spec's cold start wins over a measured one
+    s.scaling.cold_start_seconds = Some(13);
+    assert_eq!(
+        s.cold_start(Some(Duration::from_secs(40))),
+        ColdStart::Spec(Duration::from_secs(13))
+    );
+    s.scaling.cold_start_seconds = None;
+    assert_eq!(
+        s.cold_start(Some(Duration::from_secs(40))),
+        ColdStart::Measured(Duration::from_secs(40))
+    );
+    assert_eq!(s.cold_start(None), COLD);
+
+    // one given, the others sized: a given stable window gets a tenth as its panic window
+    s.scaling.ttft_target_milliseconds = 2_000;
+    s.scaling.stable_window_seconds = Some(45);
+    let got = s.scaling_spec(COLD).unwrap();
+    assert_eq!(
+        (got.stable_window, got.panic_window),
+        (Duration::from_secs(45), Duration::from_millis(4_500))
+    );
+    assert_eq!(got.scale_to_zero_after, Duration::from_secs(600));
+    // a given panic window longer than the sized stable window lengthens it, so the spec
+    // is valid whatever the cold start
+    s.scaling.stable_window_seconds = None;
+    s.scaling.panic_window_seconds = Some(400);
+    s.scaling.ttft_target_milliseconds = 30_000;
+    for c in [1, 20, 60, 3600] {
+        let got = s
+            .scaling_spec(ColdStart::Measured(Duration::from_secs(c)))
+            .unwrap();
+        assert_eq!(got.panic_window, Duration::from_secs(400));
+        assert_eq!(
+            got.stable_window,
+            (Duration::from_secs(5 * c)).max(Duration::from_secs(400)),
+            "{c} s"
+        );
+    }
+}
+
+#[test]
+fn the_status_shows_the_time_constants_in_force() {
+    let mut s = spec();
+    s.scaling.stable_window_seconds = None;
+    s.scaling.panic_window_seconds = None;
+    let cold = ColdStart::Measured(Duration::from_secs(75));
+    let policy = s.scaling_spec(cold).unwrap();
+    let shown = TimeConstants::of(&policy, cold);
+    assert_eq!(
+        shown,
+        TimeConstants {
+            cold_start_seconds: 75,
+            cold_start_source: "Measured".into(),
+            // 5 x 75 s, sized; the rest as the example gives them
+            stable_window_seconds: 375,
+            stable_aggregate: StableAggregate::Max,
+            panic_window_seconds: 37.5,
+            scale_down_delay_seconds: 300,
+            scale_to_zero_after_seconds: 600,
+        }
+    );
+    assert_eq!(
+        serde_json::to_value(&shown).unwrap(),
+        serde_json::json!({
+            "coldStartSeconds": 75,
+            "coldStartSource": "Measured",
+            "stableWindowSeconds": 375,
+            "stableAggregate": "Max",
+            "panicWindowSeconds": 37.5,
+            "scaleDownDelaySeconds": 300,
+            "scaleToZeroAfterSeconds": 600
+        })
+    );
+    assert_eq!(
+        TimeConstants::of(&policy, ColdStart::Spec(Duration::from_secs(9))).cold_start_source,
+        "Spec"
+    );
+    assert_eq!(
+        TimeConstants::of(&policy, COLD).cold_start_source,
+        "Assumed"
+    );
 }
 
 #[test]
@@ -105,16 +244,16 @@ fn modes_and_aggregates_map() {
         (CapacityMode::SpotWithFallback, P::SpotWithFallback),
     ] {
         s.capacity.mode = mode;
-        assert_eq!(s.scaling_spec().unwrap().capacity_mode, want);
+        assert_eq!(s.scaling_spec(COLD).unwrap().capacity_mode, want);
     }
-    s.scaling.stable_aggregate = StableAggregate::Mean;
-    assert_eq!(s.scaling_spec().unwrap().stable_aggregate, A::Mean);
+    s.scaling.stable_aggregate = Some(StableAggregate::Mean);
+    assert_eq!(s.scaling_spec(COLD).unwrap().stable_aggregate, A::Mean);
     for (hold, want) in [
         (ScaleDownHold::Flat, H::Flat),
         (ScaleDownHold::PerLevel, H::PerLevel),
     ] {
         s.scaling.scale_down_hold = hold;
-        assert_eq!(s.scaling_spec().unwrap().scale_down_hold, want);
+        assert_eq!(s.scaling_spec(COLD).unwrap().scale_down_hold, want);
     }
 }
 
@@ -123,34 +262,34 @@ fn inconsistent_scaling_is_rejected() {
     let mut s = spec();
     s.scaling.min_replicas = 9;
     assert_eq!(
-        s.scaling_spec(),
+        s.scaling_spec(COLD),
         Err(InvalidSpec::Scaling(SpecError::MinAboveMax {
             min: 9,
             max: 8
         }))
     );
     let mut s = spec();
-    s.scaling.panic_window_seconds = 121;
+    s.scaling.panic_window_seconds = Some(121);
     assert_eq!(
-        s.scaling_spec(),
+        s.scaling_spec(COLD),
         Err(InvalidSpec::Scaling(SpecError::PanicWindow))
     );
     let mut s = spec();
     s.capacity.base_on_demand_replicas = 9;
     assert_eq!(
-        s.scaling_spec(),
+        s.scaling_spec(COLD),
         Err(InvalidSpec::BaseAboveMax { base: 9, max: 8 })
     );
     let mut s = spec();
     s.scaling.max_scale_down_rate = 0.5;
     assert!(matches!(
-        s.scaling_spec(),
+        s.scaling_spec(COLD),
         Err(InvalidSpec::Scaling(SpecError::RateBelowOne { .. }))
     ));
     let mut s = spec();
     s.pricing.input_per_million_micros = -1;
     assert_eq!(
-        s.validate(),
+        s.validate(COLD),
         Err(InvalidSpec::NegativePrice("inputPerMillionMicros"))
     );
 }
@@ -236,7 +375,7 @@ fn floor_schedule_maps_days_and_times() {
         window(vec![Weekday::Sun], "00:00", "23:59", 8),
     ];
     assert_eq!(
-        s.scaling_spec().unwrap().floor_schedule,
+        s.scaling_spec(COLD).unwrap().floor_schedule,
         vec![
             FloorWindow {
                 days: 0b001_0001,
@@ -266,7 +405,7 @@ fn floor_schedule_maps_days_and_times() {
     ] {
         s.scaling.floor_schedule = vec![window(vec![], "06:00", time, 1)];
         assert_eq!(
-            s.scaling_spec(),
+            s.scaling_spec(COLD),
             Err(InvalidSpec::FloorTime {
                 index: 0,
                 time: time.into()
@@ -284,7 +423,7 @@ fn floor_schedule_maps_days_and_times() {
                 ..window(vec![], "06:00", "07:00", 1)
             },
         ];
-        let err = s.scaling_spec().unwrap_err();
+        let err = s.scaling_spec(COLD).unwrap_err();
         assert_eq!(
             err,
             InvalidSpec::FloorTimeZone {
@@ -300,7 +439,7 @@ fn floor_schedule_maps_days_and_times() {
         window(vec![], "06:00", "07:00", 1),
         window(vec![], "06:00", "07:00", 9),
     ];
-    let err = s.scaling_spec().unwrap_err().to_string();
+    let err = s.scaling_spec(COLD).unwrap_err().to_string();
     assert_eq!(
         err,
         "floorSchedule[1]: minReplicas (9) is greater than maxReplicas (8)"

@@ -97,6 +97,10 @@ impl Harness {
         self.pods.apply_watcher_event(&watcher::Event::Apply(p));
     }
 
+    pub fn remove_pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Delete(p));
+    }
+
     pub fn add_node(&mut self, n: Node) {
         self.nodes.apply_watcher_event(&watcher::Event::Apply(n));
     }

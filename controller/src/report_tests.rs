@@ -2,8 +2,9 @@
 
 use super::*;
 use k8s_openapi::jiff::Timestamp;
+use tidal_autoscaler::ScalingSpec;
 use tidal_autoscaler::{CapacityObserved, Reason};
-use tidal_crds::StableAggregate;
+use tidal_crds::ColdStart;
 
 fn decision(spot: u32, on_demand: u32, fallback: u32) -> Decision {
     Decision {
@@ -74,15 +75,11 @@ fn phases() {
 }
 
 fn constants() -> TimeConstants {
-    TimeConstants {
-        cold_start_seconds: 75,
-        cold_start_source: "Measured".into(),
-        stable_window_seconds: 375,
-        stable_aggregate: StableAggregate::Max,
-        panic_window_seconds: 37.5,
-        scale_down_delay_seconds: 375,
-        scale_to_zero_after_seconds: 750,
-    }
+    let cold = Duration::from_secs(75);
+    TimeConstants::of(
+        &ScalingSpec::for_cold_start(cold),
+        ColdStart::Measured(cold),
+    )
 }
 
 #[test]

@@ -15,7 +15,7 @@ pub use spec::{
     Resources, RuntimeSettings, ScaleDownHold, Scaling, ScheduledFloor, SecretKeyRef,
     StableAggregate, Weekday,
 };
-pub use status::{CapacityStatus, ModelStatus, Phase, TimeConstants};
+pub use status::{CapacityStatus, ColdStartSource, ModelStatus, Phase, TimeConstants};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

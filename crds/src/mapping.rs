@@ -14,7 +14,7 @@ use tidal_autoscaler::{
 use crate::spec::{
     CapacityMode, ModelSpec, ScaleDownHold, ScheduledFloor, StableAggregate as SpecAggregate,
 };
-use crate::status::TimeConstants;
+use crate::status::{ColdStartSource, TimeConstants};
 
 /// Why a spec cannot be acted on.
 #[derive(Debug, Error, PartialEq)]
@@ -153,12 +153,12 @@ impl ColdStart {
         }
     }
 
-    /// `Spec`, `Measured` or `Assumed`, as the status names it.
-    pub fn source(self) -> &'static str {
+    /// Where it comes from, as the status names it.
+    pub fn source(self) -> ColdStartSource {
         match self {
-            ColdStart::Spec(_) => "Spec",
-            ColdStart::Measured(_) => "Measured",
-            ColdStart::Assumed(_) => "Assumed",
+            ColdStart::Spec(_) => ColdStartSource::Spec,
+            ColdStart::Measured(_) => ColdStartSource::Measured,
+            ColdStart::Assumed(_) => ColdStartSource::Assumed,
         }
     }
 }
@@ -170,7 +170,7 @@ impl TimeConstants {
         let whole = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
         TimeConstants {
             cold_start_seconds: whole(cold_start.duration()),
-            cold_start_source: cold_start.source().into(),
+            cold_start_source: cold_start.source(),
             stable_window_seconds: whole(spec.stable_window),
             stable_aggregate: match spec.stable_aggregate {
                 StableAggregate::Mean => SpecAggregate::Mean,

@@ -78,15 +78,25 @@ pub struct ModelStatus {
     pub observed_generation: Option<i64>,
 }
 
+/// Where the cold start that sizes the time constants comes from.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ColdStartSource {
+    /// `scaling.coldStartSeconds`.
+    Spec,
+    /// The controller's measurement, `measuredColdStartSeconds`.
+    Measured,
+    /// 60 s, before any replica has been Ready.
+    Assumed,
+}
+
 /// The autoscaler's time constants in force, and the cold start the unset ones are sized on.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TimeConstants {
     /// The cold start the time constants left out of the spec are sized on.
     pub cold_start_seconds: u32,
-    /// Where it comes from: `Spec` (`scaling.coldStartSeconds`), `Measured`
-    /// (`measuredColdStartSeconds`) or `Assumed` (60 s, before a replica has been Ready).
-    pub cold_start_source: String,
+    /// Where it comes from.
+    pub cold_start_source: ColdStartSource,
     /// Stable window.
     pub stable_window_seconds: u32,
     /// How the stable window summarises demand.

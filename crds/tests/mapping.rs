@@ -7,8 +7,8 @@ use tidal_autoscaler::{
     CapacityMode as P, ScaleDownHold as H, ScalingSpec, SpecError, StableAggregate as A,
 };
 use tidal_crds::{
-    CapacityMode, ColdStart, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source, StableAggregate,
-    TimeConstants, ASSUMED_COLD_START,
+    CapacityMode, ColdStart, ColdStartSource, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source,
+    StableAggregate, TimeConstants, ASSUMED_COLD_START,
 };
 
 /// The cold start a Model is sized on before it has one of its own.
@@ -204,7 +204,7 @@ fn the_status_shows_the_time_constants_in_force() {
         shown,
         TimeConstants {
             cold_start_seconds: 75,
-            cold_start_source: "Measured".into(),
+            cold_start_source: ColdStartSource::Measured,
             // 5 x 75 s, sized; the rest as the example gives them
             stable_window_seconds: 375,
             stable_aggregate: StableAggregate::Max,
@@ -227,11 +227,11 @@ fn the_status_shows_the_time_constants_in_force() {
     );
     assert_eq!(
         TimeConstants::of(&policy, ColdStart::Spec(Duration::from_secs(9))).cold_start_source,
-        "Spec"
+        ColdStartSource::Spec
     );
     assert_eq!(
         TimeConstants::of(&policy, COLD).cold_start_source,
-        "Assumed"
+        ColdStartSource::Assumed
     );
 }
 

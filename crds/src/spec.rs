@@ -49,6 +49,20 @@ use crate::status::ModelStatus;
         description = "jobs queued and not yet claimed"
     ),
     printcolumn(
+        name = "Cold-Start",
+        type_ = "integer",
+        json_path = ".status.timeConstants.coldStartSeconds",
+        description = "seconds of cold start the unset time constants are sized on",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Stable-Window",
+        type_ = "integer",
+        json_path = ".status.timeConstants.stableWindowSeconds",
+        description = "the autoscaler's stable window in force, seconds",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"

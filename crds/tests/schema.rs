@@ -74,6 +74,8 @@ fn crd_has_group_version_status_and_printer_columns() {
             ("Spot", ".status.spot.ready"),
             ("On-Demand", ".status.onDemand.ready"),
             ("Backlog", ".status.backlog"),
+            ("Cold-Start", ".status.timeConstants.coldStartSeconds"),
+            ("Stable-Window", ".status.timeConstants.stableWindowSeconds"),
             ("Age", ".metadata.creationTimestamp"),
         ]
     );

@@ -611,3 +611,72 @@ async fn cleanup(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     );
     Ok(Action::await_change())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidal_autoscaler::{decide, CapacityObserved, StableAggregate};
+
+    fn memory(scaling: &ScalingSpec) -> Memory {
+        Memory {
+            policy: PolicyState::new(scaling),
+            scaling: Some(scaling.clone()),
+            decision: None,
+            decided_at: None,
+            applied_generation: None,
+            published_prices: None,
+            record: None,
+            status: None,
+            last_request: None,
+            invalid_generation: None,
+            unrecorded: Vec::new(),
+        }
+    }
+
+    fn serving(in_flight: u64) -> Observed {
+        Observed {
+            in_flight,
+            on_demand: CapacityObserved {
+                ready: 4,
+                ..CapacityObserved::default()
+            },
+            last_request_at: Some(Duration::ZERO),
+            ..Observed::default()
+        }
+    }
+
+    #[test]
+    fn new_time_constants_keep_the_demand_the_policy_has_seen() {
+        let measured = |c| ScalingSpec {
+            target_in_flight_per_replica: 10.0,
+            max_scale_down_rate: 1000.0,
+            capacity_mode: tidal_autoscaler::CapacityMode::OnDemand,
+            ..ScalingSpec::default().with_cold_start(Duration::from_secs(c))
+        };
+        let (before, after) = (measured(60), measured(90));
+        assert_eq!(before.stable_aggregate, StableAggregate::Max);
+        let mut mem = memory(&before);
+        let s = Duration::from_secs;
+        for t in 0..10 {
+            decide(&serving(40), &before, &mut mem.policy, s(t));
+        }
+        for t in 10..100 {
+            decide(&serving(10), &before, &mut mem.policy, s(t));
+        }
+        // a new measurement: the peak of 40 in flight stays in the windows and the delay
+        // (a fresh state would see 10 in flight and ask for 1 replica)
+        adopt_scaling(&mut mem, &after);
+        assert_eq!(mem.scaling.as_ref(), Some(&after));
+        let d = decide(&serving(10), &after, &mut mem.policy, s(100));
+        assert_eq!(d.on_demand, 4, "{d:?}");
+        let mut fresh = PolicyState::new(&after);
+        assert_eq!(
+            decide(&serving(10), &after, &mut fresh, s(100)).on_demand,
+            1
+        );
+        // the same spec again changes nothing
+        let kept = mem.policy.clone();
+        adopt_scaling(&mut mem, &after);
+        assert_eq!(mem.policy, kept);
+    }
+}

@@ -73,6 +73,25 @@ pub struct Memory {
     pub unrecorded: Vec<(String, FleetUsage)>,
 }
 
+impl Memory {
+    /// Nothing remembered yet; the policy's windows sized for `scaling`.
+    pub fn new(scaling: &ScalingSpec) -> Self {
+        Memory {
+            policy: PolicyState::new(scaling),
+            scaling: None,
+            decision: None,
+            decided_at: None,
+            applied_generation: None,
+            published_prices: None,
+            record: None,
+            status: None,
+            last_request: None,
+            invalid_generation: None,
+            unrecorded: Vec::new(),
+        }
+    }
+}
+
 /// Shared by every reconcile.
 pub struct Context {
     /// Kubernetes client.

@@ -22,7 +22,7 @@ use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tidal_autoscaler::{decide_at, telemetry, Observed, PolicyState, ScalingSpec};
+use tidal_autoscaler::{decide_at, telemetry, Observed, ScalingSpec};
 use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
 use tidal_crds::{ColdStart, Model, ModelSpec, ModelStatus, TimeConstants, FINALIZER};
 use tidal_queue::{CapacityType, ClaimedJob, JobFailure, ModelRecord};
@@ -141,19 +141,9 @@ async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Res
 
 /// Takes the Model's memory out of the shared map for the tick (put back after).
 fn take_memory(ctx: &Context, id: &str) -> Memory {
-    ctx.memory().remove(id).unwrap_or_else(|| Memory {
-        policy: PolicyState::new(&ScalingSpec::default()),
-        scaling: None,
-        decision: None,
-        decided_at: None,
-        applied_generation: None,
-        published_prices: None,
-        record: None,
-        status: None,
-        last_request: None,
-        invalid_generation: None,
-        unrecorded: Vec::new(),
-    })
+    ctx.memory()
+        .remove(id)
+        .unwrap_or_else(|| Memory::new(&ScalingSpec::default()))
 }
 
 /// Points the policy's memory at `scaling` when it changed (an edited spec, or time
@@ -615,23 +605,7 @@ async fn cleanup(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidal_autoscaler::{decide, CapacityObserved, StableAggregate};
-
-    fn memory(scaling: &ScalingSpec) -> Memory {
-        Memory {
-            policy: PolicyState::new(scaling),
-            scaling: Some(scaling.clone()),
-            decision: None,
-            decided_at: None,
-            applied_generation: None,
-            published_prices: None,
-            record: None,
-            status: None,
-            last_request: None,
-            invalid_generation: None,
-            unrecorded: Vec::new(),
-        }
-    }
+    use tidal_autoscaler::{decide, CapacityObserved, PolicyState, StableAggregate};
 
     fn serving(in_flight: u64) -> Observed {
         Observed {
@@ -655,7 +629,8 @@ mod tests {
         };
         let (before, after) = (measured(60), measured(90));
         assert_eq!(before.stable_aggregate, StableAggregate::Max);
-        let mut mem = memory(&before);
+        let mut mem = Memory::new(&before);
+        adopt_scaling(&mut mem, &before);
         let s = Duration::from_secs;
         for t in 0..10 {
             decide(&serving(40), &before, &mut mem.policy, s(t));

@@ -1,10 +1,11 @@
 //! The reconciler: one tick of one Model.
 //!
-//! Apply: validate the spec, publish prices to the ledger, read the queue, observe the pods,
-//! run the policy, apply both Deployments (server-side apply, on a new generation or when one
-//! is missing) or patch only `spec.replicas` (a scale decision), emit Events for changes,
-//! record fleet time and export its cost rate, publish the broker's model record, and patch
-//! the status subresource.
+//! Apply: observe the pods (and the cold start that sizes the time constants a spec leaves
+//! out), validate the spec, publish prices to the ledger, read the queue, run the policy,
+//! apply both Deployments (server-side apply, on a new generation or when one is missing) or
+//! patch only `spec.replicas` (a scale decision), emit Events for changes, record fleet time
+//! and export its cost rate, publish the broker's model record, and patch the status
+//! subresource.
 //! Cleanup (the finaliser): remove the model record so the gateway stops routing to it,
 //! delete the Deployments, fail every queued job (the clients get an error), give in-flight
 //! jobs the drain timeout to finish, then fail what is left and purge the model's streams.

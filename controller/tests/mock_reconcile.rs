@@ -568,20 +568,11 @@ async fn time_constants_left_out_follow_the_measured_cold_start() {
     // is left out: observe.rs tests that)
     h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
     h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
-    let started = |name: &str, ready_after_ms: i64, restarts: i32| {
-        let mut p = worker_pod(name, NAME, CapacityType::OnDemand, Some("n1"), true);
-        p.metadata.namespace = Some(NS.into());
-        let status = p.status.as_mut().unwrap();
-        status.conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(
-            Timestamp::from_millisecond(T0 as i64 * 1000 + ready_after_ms).unwrap(),
-        ));
-        status.container_statuses = Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
-            restart_count: restarts,
-            ..Default::default()
-        }]);
-        p
-    };
-    let pod = started("od-a", 90_200, 0);
+    let mut pod = worker_pod("od-a", NAME, CapacityType::OnDemand, Some("n1"), true);
+    pod.metadata.namespace = Some(NS.into());
+    pod.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(
+        Timestamp::from_millisecond(T0 as i64 * 1000 + 90_200).unwrap(),
+    ));
     h.add_pod(pod.clone());
     h.advance(Duration::from_secs(2));
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));

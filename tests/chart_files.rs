@@ -218,9 +218,7 @@ fn the_example_model_passes_the_crd_schema_and_the_controller_checks() {
     let typed: tidal_crds::Model = serde_json::from_value(model).expect("a Model");
     typed
         .spec
-        .validate(tidal_crds::ColdStart::Assumed(
-            tidal_crds::ASSUMED_COLD_START,
-        ))
+        .validate(tidal_crds::ColdStart::ASSUMED)
         .expect("the controller accepts the spec");
     let source = typed.spec.source().expect("a source");
     assert!(

@@ -84,9 +84,7 @@ fn check_types(manifests: &[Manifest]) {
                     serde_json::from_value(m.doc.clone()).expect("a Model");
                 model
                     .spec
-                    .validate(tidal_crds::ColdStart::Assumed(
-                        tidal_crds::ASSUMED_COLD_START,
-                    ))
+                    .validate(tidal_crds::ColdStart::ASSUMED)
                     .expect("the controller accepts it");
             }
             "ServiceMonitor" | "PodMonitor" => {

@@ -73,11 +73,12 @@ pub struct Memory {
     pub unrecorded: Vec<(String, FleetUsage)>,
 }
 
-impl Memory {
-    /// Nothing remembered yet; the policy's windows sized for `scaling`.
-    pub fn new(scaling: &ScalingSpec) -> Self {
+/// Nothing remembered yet: the policy's windows take their size from the first spec adopted
+/// (`PolicyState::respec`).
+impl Default for Memory {
+    fn default() -> Self {
         Memory {
-            policy: PolicyState::new(scaling),
+            policy: PolicyState::new(&ScalingSpec::default()),
             scaling: None,
             decision: None,
             decided_at: None,

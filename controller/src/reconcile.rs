@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tidal_autoscaler::{decide_at, telemetry, Observed, ScalingSpec};
 use tidal_billing::{CapacityType as BillingCapacity, FleetUsage, Prices};
-use tidal_crds::{ColdStart, Model, ModelSpec, ModelStatus, TimeConstants, FINALIZER};
+use tidal_crds::{Model, ModelSpec, ModelStatus, TimeConstants, FINALIZER};
 use tidal_queue::{CapacityType, ClaimedJob, JobFailure, ModelRecord};
 use tracing::Instrument;
 
@@ -142,9 +142,7 @@ async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Res
 
 /// Takes the Model's memory out of the shared map for the tick (put back after).
 fn take_memory(ctx: &Context, id: &str) -> Memory {
-    ctx.memory()
-        .remove(id)
-        .unwrap_or_else(|| Memory::new(&ScalingSpec::default()))
+    ctx.memory().remove(id).unwrap_or_default()
 }
 
 /// Points the policy's memory at `scaling` when it changed (an edited spec, or time
@@ -156,14 +154,12 @@ fn adopt_scaling(mem: &mut Memory, scaling: &ScalingSpec) {
     }
 }
 
-/// The Model's pools as the tick sees them, and the cold start its time constants are
-/// sized on.
+/// The Model's pools as the tick sees them, and their cold start.
 struct Fleet {
     spot: PoolObservation,
     on_demand: PoolObservation,
     /// The slowest cold start of the Ready replicas, else the one the status kept.
     measured_cold_start: Option<Duration>,
-    cold_start: ColdStart,
 }
 
 /// The longest cold start the status records: a longer one is a stuck pod, not a start.
@@ -187,7 +183,6 @@ fn observe_fleet(ctx: &Context, model: &Model, mem: &Memory, ns: &str, name: &st
         .map(|d| d.clamp(Duration::from_secs(1), MAX_COLD_START))
         .or(kept);
     Fleet {
-        cold_start: model.spec.cold_start(measured),
         spot,
         on_demand,
         measured_cold_start: measured,
@@ -207,7 +202,7 @@ async fn apply(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     } else {
         model
             .spec
-            .validate(fleet.cold_start)
+            .validate(model.spec.cold_start(fleet.measured_cold_start))
             .and_then(|s| Ok((s, model.spec.source()?)))
             .map_err(|e| e.to_string())
     };
@@ -376,7 +371,6 @@ async fn tick(
         spot,
         on_demand,
         measured_cold_start,
-        cold_start,
     } = fleet;
     // Before any API call, so a failing apply does not leave the gauge behind the pods.
     for (capacity, pool) in [
@@ -503,7 +497,7 @@ async fn tick(
             degraded: (!degraded.is_empty()).then(|| degraded.join("; ")),
             now: to_time(now),
             measured_cold_start,
-            time_constants: TimeConstants::of(scaling, cold_start),
+            time_constants: TimeConstants::of(scaling, model.spec.cold_start(measured_cold_start)),
         },
         previous.as_ref(),
     );
@@ -630,7 +624,7 @@ mod tests {
         };
         let (before, after) = (measured(60), measured(90));
         assert_eq!(before.stable_aggregate, StableAggregate::Max);
-        let mut mem = Memory::new(&before);
+        let mut mem = Memory::default();
         adopt_scaling(&mut mem, &before);
         let s = Duration::from_secs;
         for t in 0..10 {

@@ -78,7 +78,7 @@ fn constants() -> TimeConstants {
     let cold = Duration::from_secs(75);
     TimeConstants::of(
         &ScalingSpec::for_cold_start(cold),
-        ColdStart::Measured(cold),
+        ColdStart::measured(cold),
     )
 }
 

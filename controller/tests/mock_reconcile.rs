@@ -232,14 +232,24 @@ async fn first_reconcile_applies_both_deployments_then_a_scale_patches_only_repl
 }
 
 /// A first reconcile with nothing queued (both Deployments applied at 0 replicas), after
-/// which the Deployments exist in the cluster.
-async fn first_reconcile_of_an_idle_model(h: &mut Harness, m: &Arc<Model>) {
+/// which the Deployments exist in the cluster; returns the status it applied.
+async fn first_reconcile_of_an_idle_model(h: &mut Harness, m: &Arc<Model>) -> serde_json::Value {
     let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
     expect_applies(h, m, 0, 0).await;
-    expect_status(h, m).await;
+    let status = expect_status(h, m).await;
     task.await.unwrap().unwrap();
     h.add_deployment(deployment_in_cluster(m, CapacityType::Spot, 0));
     h.add_deployment(deployment_in_cluster(m, CapacityType::OnDemand, 0));
+    status
+}
+
+/// A reconcile, 2 s later, whose only request is the status apply; returns that status.
+async fn reconcile_changing_only_the_status(h: &mut Harness, m: &Arc<Model>) -> serde_json::Value {
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    let status = expect_status(h, m).await;
+    task.await.unwrap().unwrap();
+    status
 }
 
 /// A reconcile (`task`) that scales the on-demand Deployment of an idle model up to
@@ -546,10 +556,7 @@ async fn time_constants_left_out_follow_the_measured_cold_start() {
 
     // no replica has started yet: sized on the assumed 60 s (longer than the 2 s TTFT
     // target, so the holds of a restart that misses it)
-    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    expect_applies(&mut h, &m, 0, 0).await;
-    let status = expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
+    let status = first_reconcile_of_an_idle_model(&mut h, &m).await;
     assert_eq!(status.get("measuredColdStartSeconds"), None);
     assert_eq!(
         status["timeConstants"],
@@ -566,18 +573,13 @@ async fn time_constants_left_out_follow_the_measured_cold_start() {
 
     // a replica that took 90.2 s from creation to Ready (one that restarted a container
     // is left out: observe.rs tests that)
-    h.add_deployment(deployment_in_cluster(&m, CapacityType::Spot, 0));
-    h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, 0));
     let mut pod = worker_pod("od-a", NAME, CapacityType::OnDemand, Some("n1"), true);
     pod.metadata.namespace = Some(NS.into());
     pod.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time = Some(Time(
         Timestamp::from_millisecond(T0 as i64 * 1000 + 90_200).unwrap(),
     ));
     h.add_pod(pod.clone());
-    h.advance(Duration::from_secs(2));
-    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    let status = expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
+    let status = reconcile_changing_only_the_status(&mut h, &m).await;
     assert_eq!(status["readyReplicas"], 1);
     assert_eq!(status["measuredColdStartSeconds"], 91);
     assert_eq!(
@@ -595,10 +597,7 @@ async fn time_constants_left_out_follow_the_measured_cold_start() {
 
     // the replicas go: the measurement stays
     h.remove_pod(pod);
-    h.advance(Duration::from_secs(2));
-    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
-    let status = expect_status(&mut h, &m).await;
-    task.await.unwrap().unwrap();
+    let status = reconcile_changing_only_the_status(&mut h, &m).await;
     assert_eq!(status["readyReplicas"], 0);
     assert_eq!(status["measuredColdStartSeconds"], 91);
     assert_eq!(status["timeConstants"]["coldStartSource"], "Measured");

@@ -134,31 +134,35 @@ fn is_sha256(s: &str) -> bool {
 /// of 60 s reached 99.7-100 %; docs/autoscaling.md).
 pub const ASSUMED_COLD_START: Duration = Duration::from_secs(60);
 
-/// Where the cold start that sizes a Model's unset time constants came from.
+/// The cold start that sizes a Model's unset time constants, and where it came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ColdStart {
-    /// `scaling.coldStartSeconds`.
-    Spec(Duration),
-    /// The controller's measurement of the Model's own replicas.
-    Measured(Duration),
-    /// [`ASSUMED_COLD_START`]: none given, none measured yet.
-    Assumed(Duration),
+pub struct ColdStart {
+    /// Pod created to Ready.
+    pub duration: Duration,
+    /// The spec, the controller's measurement, or the assumption.
+    pub source: ColdStartSource,
 }
 
 impl ColdStart {
-    /// The cold start itself.
-    pub fn duration(self) -> Duration {
-        match self {
-            ColdStart::Spec(d) | ColdStart::Measured(d) | ColdStart::Assumed(d) => d,
+    /// [`ASSUMED_COLD_START`]: none given, none measured yet.
+    pub const ASSUMED: ColdStart = ColdStart {
+        duration: ASSUMED_COLD_START,
+        source: ColdStartSource::Assumed,
+    };
+
+    /// `scaling.coldStartSeconds`.
+    pub fn given(duration: Duration) -> Self {
+        ColdStart {
+            duration,
+            source: ColdStartSource::Spec,
         }
     }
 
-    /// Where it comes from, as the status names it.
-    pub fn source(self) -> ColdStartSource {
-        match self {
-            ColdStart::Spec(_) => ColdStartSource::Spec,
-            ColdStart::Measured(_) => ColdStartSource::Measured,
-            ColdStart::Assumed(_) => ColdStartSource::Assumed,
+    /// The controller's measurement of the Model's own replicas.
+    pub fn measured(duration: Duration) -> Self {
+        ColdStart {
+            duration,
+            source: ColdStartSource::Measured,
         }
     }
 }
@@ -169,8 +173,8 @@ impl TimeConstants {
     pub fn of(spec: &ScalingSpec, cold_start: ColdStart) -> Self {
         let whole = |d: Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
         TimeConstants {
-            cold_start_seconds: whole(cold_start.duration()),
-            cold_start_source: cold_start.source(),
+            cold_start_seconds: whole(cold_start.duration),
+            cold_start_source: cold_start.source,
             stable_window_seconds: whole(spec.stable_window),
             stable_aggregate: match spec.stable_aggregate {
                 StableAggregate::Mean => SpecAggregate::Mean,
@@ -189,9 +193,9 @@ impl ModelSpec {
     /// [`ASSUMED_COLD_START`].
     pub fn cold_start(&self, measured: Option<Duration>) -> ColdStart {
         match (self.scaling.cold_start_seconds, measured) {
-            (Some(s), _) => ColdStart::Spec(secs(s)),
-            (None, Some(m)) => ColdStart::Measured(m),
-            (None, None) => ColdStart::Assumed(ASSUMED_COLD_START),
+            (Some(s), _) => ColdStart::given(secs(s)),
+            (None, Some(m)) => ColdStart::measured(m),
+            (None, None) => ColdStart::ASSUMED,
         }
     }
 
@@ -207,7 +211,7 @@ impl ModelSpec {
             ttft_target,
             ..ScalingSpec::default()
         }
-        .with_cold_start(cold_start.duration());
+        .with_cold_start(cold_start.duration);
         let panic_given = s.panic_window_seconds.map(secs);
         let stable_window = s
             .stable_window_seconds

@@ -8,11 +8,11 @@ use tidal_autoscaler::{
 };
 use tidal_crds::{
     CapacityMode, ColdStart, ColdStartSource, InvalidSpec, Model, ModelSpec, ScaleDownHold, Source,
-    StableAggregate, TimeConstants, ASSUMED_COLD_START,
+    StableAggregate, TimeConstants,
 };
 
 /// The cold start a Model is sized on before it has one of its own.
-const COLD: ColdStart = ColdStart::Assumed(ASSUMED_COLD_START);
+const COLD: ColdStart = ColdStart::ASSUMED;
 
 fn spec() -> ModelSpec {
     let m: Model =
@@ -103,7 +103,7 @@ fn knative_time_constants_give_the_policy_defaults() {
     s.scaling.scale_down_delay_seconds = Some(0);
     s.scaling.scale_to_zero_after_seconds = Some(120);
     // given, they stand whatever the cold start
-    for cold in [COLD, ColdStart::Measured(Duration::from_secs(7))] {
+    for cold in [COLD, ColdStart::measured(Duration::from_secs(7))] {
         assert_eq!(s.scaling_spec(cold).unwrap(), ScalingSpec::default());
     }
 }
@@ -116,7 +116,11 @@ fn time_constants_left_out_are_sized_on_the_cold_start() {
     // nothing given: the preset of the cold start, at the spec's TTFT target
     for c in [5, 20, 60, 90] {
         let c = Duration::from_secs(c);
-        for cold in [ColdStart::Measured(c), ColdStart::Assumed(c)] {
+        let assumed = ColdStart {
+            duration: c,
+            source: ColdStartSource::Assumed,
+        };
+        for cold in [ColdStart::measured(c), assumed] {
             assert_eq!(
                 s.scaling_spec(cold).unwrap(),
                 ScalingSpec::for_cold_start(c),
@@ -127,7 +131,7 @@ fn time_constants_left_out_are_sized_on_the_cold_start() {
     // a GPU model starting in 20 s gets the holds of a 60 s start (a restart misses a 2 s
     // target anyway); with a 30 s target, the same cold start gets its own 5c / 10c
     let gpu = s
-        .scaling_spec(ColdStart::Measured(Duration::from_secs(20)))
+        .scaling_spec(ColdStart::measured(Duration::from_secs(20)))
         .unwrap();
     assert_eq!(
         (gpu.stable_window, gpu.panic_window, gpu.stable_aggregate),
@@ -139,7 +143,7 @@ fn time_constants_left_out_are_sized_on_the_cold_start() {
     );
     s.scaling.ttft_target_milliseconds = 30_000;
     let cpu = s
-        .scaling_spec(ColdStart::Measured(Duration::from_secs(20)))
+        .scaling_spec(ColdStart::measured(Duration::from_secs(20)))
         .unwrap();
     assert_eq!(
         (cpu.stable_window, cpu.panic_window, cpu.scale_down_delay),
@@ -156,12 +160,12 @@ fn time_constants_left_out_are_sized_on_the_cold_start() {
     s.scaling.cold_start_seconds = Some(13);
     assert_eq!(
         s.cold_start(Some(Duration::from_secs(40))),
-        ColdStart::Spec(Duration::from_secs(13))
+        ColdStart::given(Duration::from_secs(13))
     );
     s.scaling.cold_start_seconds = None;
     assert_eq!(
         s.cold_start(Some(Duration::from_secs(40))),
-        ColdStart::Measured(Duration::from_secs(40))
+        ColdStart::measured(Duration::from_secs(40))
     );
     assert_eq!(s.cold_start(None), COLD);
 
@@ -181,7 +185,7 @@ fn time_constants_left_out_are_sized_on_the_cold_start() {
     s.scaling.ttft_target_milliseconds = 30_000;
     for c in [1, 20, 60, 3600] {
         let got = s
-            .scaling_spec(ColdStart::Measured(Duration::from_secs(c)))
+            .scaling_spec(ColdStart::measured(Duration::from_secs(c)))
             .unwrap();
         assert_eq!(got.panic_window, Duration::from_secs(400));
         assert_eq!(
@@ -197,7 +201,7 @@ fn the_status_shows_the_time_constants_in_force() {
     let mut s = spec();
     s.scaling.stable_window_seconds = None;
     s.scaling.panic_window_seconds = None;
-    let cold = ColdStart::Measured(Duration::from_secs(75));
+    let cold = ColdStart::measured(Duration::from_secs(75));
     let policy = s.scaling_spec(cold).unwrap();
     let shown = TimeConstants::of(&policy, cold);
     assert_eq!(
@@ -226,7 +230,7 @@ fn the_status_shows_the_time_constants_in_force() {
         })
     );
     assert_eq!(
-        TimeConstants::of(&policy, ColdStart::Spec(Duration::from_secs(9))).cold_start_source,
+        TimeConstants::of(&policy, ColdStart::given(Duration::from_secs(9))).cold_start_source,
         ColdStartSource::Spec
     );
     assert_eq!(

@@ -196,9 +196,7 @@ fn examples_pass_the_schema_and_the_controller_checks() {
         let model: Model = serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
         model
             .spec
-            .validate(tidal_crds::ColdStart::Assumed(
-                tidal_crds::ASSUMED_COLD_START,
-            ))
+            .validate(tidal_crds::ColdStart::ASSUMED)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }

@@ -195,7 +195,7 @@ async fn jobs_wait_for_a_worker_and_withdrawn_jobs_never_run(h: Harness) {
 }
 
 /// Serves one job per prompt (4 tokens each) with a worker under `budget` on `model`, and
-/// returns the most jobs it held at once (sampled every millisecond).
+/// returns the most jobs it held at once.
 async fn most_held(model: &Arc<LoadedModel>, prompts: &[Vec<u32>], budget: ClaimBudget) -> usize {
     let h = Harness::memory();
     let b = h.broker.clone();
@@ -215,12 +215,8 @@ async fn most_held(model: &Arc<LoadedModel>, prompts: &[Vec<u32>], budget: Claim
             }
         })
     };
-    let mut most = 0;
-    while !reader.is_finished() {
-        most = most.max(worker.status.held());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
     reader.await.unwrap();
+    let most = worker.status.most_held();
     let summary = worker.shutdown().await;
     let n = jobs.len() as u64;
     assert_eq!((summary.claimed, summary.completed), (n, n));

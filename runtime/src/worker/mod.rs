@@ -90,6 +90,11 @@ impl WorkerStatus {
         self.shared.registry.len()
     }
 
+    /// The most jobs held at once since the worker started.
+    pub fn most_held(&self) -> usize {
+        self.shared.registry.most()
+    }
+
     /// Whether shutdown was asked for (no new claims).
     pub fn draining(&self) -> bool {
         self.shared.draining.load(Ordering::Relaxed)

@@ -3,6 +3,7 @@
 //! which the chores and the drain tell a job task to stop.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tidal_queue::{ClaimedJob, EntryId};
@@ -33,6 +34,8 @@ struct Held {
 #[derive(Default, Clone)]
 pub(crate) struct Registry {
     inner: Arc<Mutex<HashMap<EntryId, Held>>>,
+    /// The most jobs held at once so far.
+    most: Arc<AtomicUsize>,
 }
 
 impl Registry {
@@ -46,7 +49,10 @@ impl Registry {
     pub fn insert(&self, job: ClaimedJob) -> (watch::Receiver<Control>, HeldGuard) {
         let (tx, rx) = watch::channel(Control::Run);
         let entry = job.entry_id.clone();
-        self.lock().insert(entry.clone(), Held { job, control: tx });
+        let mut held = self.lock();
+        held.insert(entry.clone(), Held { job, control: tx });
+        self.most.fetch_max(held.len(), Ordering::Relaxed);
+        drop(held);
         let guard = HeldGuard {
             registry: self.clone(),
             entry,
@@ -57,6 +63,11 @@ impl Registry {
     /// Jobs held.
     pub fn len(&self) -> usize {
         self.lock().len()
+    }
+
+    /// The most jobs held at once so far.
+    pub fn most(&self) -> usize {
+        self.most.load(Ordering::Relaxed)
     }
 
     /// Every held job (for keep-alive).
@@ -153,5 +164,9 @@ mod tests {
         r.signal("1-0", Control::Lost); // gone: ignored
         drop(gb);
         assert_eq!(r.len(), 0);
+        // the high-water mark stays at the two held at once
+        assert_eq!(r.most(), 2);
+        let (_c, _gc) = r.insert(job("3-0"));
+        assert_eq!(r.most(), 2);
     }
 }

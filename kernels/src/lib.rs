@@ -26,10 +26,10 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vexp;
 
-pub use activation::silu_mul;
-pub use attention::{paged_attention, AttentionSeq};
+pub use activation::{gelu_mul, silu_mul};
+pub use attention::{paged_attention, paged_attention_windowed, AttentionSeq};
 pub use kv_cache::{write_kv, KvBuffer, KvCache, KvCacheMut, KvDtype};
-pub use norm::rms_norm;
+pub use norm::{rms_norm, rms_norm_in_place};
 pub use quant::dot::DotKernel;
 pub use quant::format::QuantType;
 pub use quant::matmul::{

@@ -137,6 +137,26 @@ fn qwen2_with_biases_paths_agree() {
 }
 
 #[test]
+fn gemma3_local_and_global_layers_paths_agree() {
+    // Window 8 over a 37-token prompt: the chunked and token-by-token paths read the window's
+    // edge from the paged cache (layers 0 and 2 local, layer 1 global).
+    let spec = TinySpec {
+        architecture: Architecture::Gemma3,
+        layers: 3,
+        ..TinySpec::default()
+    };
+    let (_dir, file) = tiny(&spec);
+    let model = Model::load(&file, None).unwrap();
+    let c = model.config();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(
+        (0..3).map(|i| c.layer_window(i)).collect::<Vec<_>>(),
+        [Some(8), None, Some(8)]
+    );
+    check_paths_agree(&model);
+}
+
+#[test]
 fn requantised_weights_are_owned_and_close() {
     let (_dir, file) = tiny(&TinySpec {
         dtype: GgmlDType::F32,

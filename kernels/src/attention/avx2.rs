@@ -41,11 +41,14 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     let bs = d.block_size;
     debug_assert!(d.head_dim.is_multiple_of(8));
     let ctx = pos + 1;
+    let lo = d.first_visible(pos);
     let (scores, rows) = scratch.for_task(d, ctx);
+    // From the first block a window leaves visible.
     let blocks = || {
         seq.block_table
             .iter()
             .enumerate()
+            .skip(lo / bs)
             .map(move |(b, &blk)| (b * bs, blk as usize))
             .take_while(move |&(first, _)| first < ctx)
             .map(move |(first, blk)| (first, blk, bs.min(ctx - first)))
@@ -68,9 +71,11 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         unsafe { with_rows(&k, blk, kvh, n, d, rows, work) };
     }
 
+    // A window's partly visible first block: its positions before `lo` weigh nothing.
     for s in scores.chunks_exact_mut(ctx) {
         // SAFETY: features by contract.
-        unsafe { softmax(s) };
+        unsafe { softmax(&mut s[lo..]) };
+        s[..lo].fill(0.0);
     }
 
     out_g.fill(0.0);

@@ -45,6 +45,9 @@ pub(super) unsafe fn attend_group<E: KvElem>(
     let bs = d.block_size;
     debug_assert!(supports(d.head_dim));
     let ctx = args.pos + 1;
+    // From the first block a window leaves visible.
+    let lo = d.first_visible(args.pos);
+    let first_block = lo / bs;
     let (scores, rows) = scratch.for_task(d, ctx);
     let n_blocks = ctx.div_ceil(bs);
     let table = args.seq.block_table;
@@ -57,7 +60,7 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         }
     };
 
-    for b in 0..n_blocks {
+    for b in first_block..n_blocks {
         let (first, blk, n) = block(b);
         prefetch_next(&args.k, b);
         let work = ScoreBlock {
@@ -75,13 +78,15 @@ pub(super) unsafe fn attend_group<E: KvElem>(
         unsafe { with_rows(&args.k, blk, kvh, n, d, rows, work) };
     }
 
+    // A window's partly visible first block: its positions before `lo` weigh nothing.
     for s in scores.chunks_exact_mut(ctx) {
         // SAFETY: features by contract.
-        unsafe { softmax(s) };
+        unsafe { softmax(&mut s[lo..]) };
+        s[..lo].fill(0.0);
     }
 
     out_g.fill(0.0);
-    for b in 0..n_blocks {
+    for b in first_block..n_blocks {
         let (first, blk, n) = block(b);
         prefetch_next(&args.v, b);
         let weights = Weights {

@@ -42,6 +42,15 @@ struct Dims {
     n_kv_heads: usize,
     block_size: usize,
     scale: f32,
+    window: Option<usize>,
+}
+
+impl Dims {
+    /// The first position a query at `pos` attends to (0 without a window).
+    #[inline(always)]
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
 }
 
 /// One layer's K or V cache in element type `E`, with int8's per-(slot, head) scales.
@@ -88,6 +97,48 @@ pub fn paged_attention<'a>(
         head_dim,
         block_size,
         scale,
+        window: None,
+    };
+    attention(
+        Simd::detect(),
+        q,
+        k_cache.into(),
+        v_cache.into(),
+        seqs,
+        shape,
+        out,
+    );
+}
+
+/// [`paged_attention`] with a sliding window (Gemma's local layers, Mistral): the token at
+/// position `p` attends to the `window` positions `p + 1 - window..=p` only (llama.cpp's
+/// `LLAMA_SWA_TYPE_STANDARD`: a key `p - k >= window` behind is masked). KV blocks wholly
+/// behind the window are not read.
+///
+/// # Panics
+/// As [`paged_attention`], and on a zero window.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_windowed<'a>(
+    q: &[f32],
+    k_cache: impl Into<KvCache<'a>>,
+    v_cache: impl Into<KvCache<'a>>,
+    seqs: &[AttentionSeq],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+    scale: f32,
+    window: usize,
+    out: &mut [f32],
+) {
+    assert!(window > 0, "paged_attention: zero window");
+    let shape = Shape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        window: Some(window),
     };
     attention(
         Simd::detect(),
@@ -108,6 +159,8 @@ struct Shape {
     head_dim: usize,
     block_size: usize,
     scale: f32,
+    /// Sliding window in positions, `None` for full causal attention.
+    window: Option<usize>,
 }
 
 /// The instruction set an attention call runs on.
@@ -149,6 +202,7 @@ fn attention<'a>(
         head_dim,
         block_size,
         scale,
+        window,
     } = shape;
     assert!(
         n_kv_heads > 0 && head_dim > 0 && block_size > 0,
@@ -218,6 +272,7 @@ fn attention<'a>(
         n_kv_heads,
         block_size,
         scale,
+        window,
     };
     let call = Call {
         q,
@@ -435,13 +490,15 @@ fn attend_group<E: KvElem, const SIMD: bool>(
         d,
     } = args;
     let ctx = pos + 1;
+    let lo = d.first_visible(pos);
     let hd = d.head_dim;
-    // (position, value offset of its row, index of its scale), walked block by block: no
-    // division per position.
+    // (position, value offset of its row, index of its scale), walked block by block from the
+    // first visible one: no division per position.
     let rows = || {
         seq.block_table
             .iter()
             .enumerate()
+            .skip(lo / d.block_size)
             .flat_map(move |(b, &blk)| {
                 let first = b * d.block_size;
                 let slot0 = blk as usize * d.block_size;
@@ -460,7 +517,10 @@ fn attend_group<E: KvElem, const SIMD: bool>(
             scores[g * ctx + p] = dot::<E, SIMD>(&q_g[g * hd..(g + 1) * hd], krow) * ks;
         }
     }
+    // A window's partly visible first block: its positions before `lo` weigh nothing.
     for s in scores.chunks_exact_mut(ctx) {
+        let (hidden, s) = s.split_at_mut(lo);
+        hidden.fill(0.0);
         let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0;
         for v in s.iter_mut() {
@@ -471,8 +531,8 @@ fn attend_group<E: KvElem, const SIMD: bool>(
     }
     out_g.fill(0.0);
     match hd {
-        64 => weigh_values::<E, 64>(seq, kvh, ctx, d, v, scores, out_g),
-        128 => weigh_values::<E, 128>(seq, kvh, ctx, d, v, scores, out_g),
+        64 => weigh_values::<E, 64>(seq, kvh, ctx, lo, d, v, scores, out_g),
+        128 => weigh_values::<E, 128>(seq, kvh, ctx, lo, d, v, scores, out_g),
         _ => {
             for (p, at, si) in rows() {
                 let vrow = &v.values[at..at + hd];
@@ -493,16 +553,18 @@ fn attend_group<E: KvElem, const SIMD: bool>(
 /// one KV block stays in registers (`HD / 8` vectors) and is added to `out_g` once per block,
 /// instead of a load and store of `out_g` per position.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn weigh_values<E: KvElem, const HD: usize>(
     seq: &AttentionSeq,
     kvh: usize,
     ctx: usize,
+    lo: usize,
     d: &Dims,
     v: Rows<'_, E>,
     scores: &[f32],
     out_g: &mut [f32],
 ) {
-    for (b, &blk) in seq.block_table.iter().enumerate() {
+    for (b, &blk) in seq.block_table.iter().enumerate().skip(lo / d.block_size) {
         let first = b * d.block_size;
         if first >= ctx {
             break;

@@ -18,7 +18,8 @@ struct TestSeq {
     q_len: usize,
 }
 
-/// Naive causal GQA attention in f64 over contiguous K/V of one sequence.
+/// Naive causal GQA attention in f64 over contiguous K/V of one sequence; with a window, a
+/// query at `p` sees only keys `k` with `p - k < window`.
 fn naive(
     q: &[f32],
     k: &[f32],
@@ -28,6 +29,7 @@ fn naive(
     nkv: usize,
     hd: usize,
     scale: f32,
+    window: Option<usize>,
 ) -> Vec<f32> {
     let q_len = q.len() / (nh * hd);
     let mut out = vec![0.0; q.len()];
@@ -36,8 +38,12 @@ fn naive(
             let kvh = h / (nh / nkv);
             let qv = &q[(j * nh + h) * hd..][..hd];
             let ctx = start_pos + j + 1;
+            let seen = |p: usize| window.is_none_or(|w| ctx - 1 - p < w);
             let s: Vec<f64> = (0..ctx)
                 .map(|p| {
+                    if !seen(p) {
+                        return f64::NEG_INFINITY;
+                    }
                     let kr = &k[(p * nkv + kvh) * hd..][..hd];
                     qv.iter()
                         .zip(kr)
@@ -73,7 +79,49 @@ fn check_batch(
     q_scale: f32,
 ) {
     for dtype in KvDtype::ALL {
-        check_batch_dtype(dtype, seed, nh, nkv, hd, bs, shapes, q_scale);
+        check_batch_dtype(dtype, seed, nh, nkv, hd, bs, shapes, q_scale, None);
+    }
+}
+
+/// [`check_batch`] with a sliding window.
+fn check_windowed(
+    seed: u64,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    bs: usize,
+    shapes: &[(usize, usize)],
+    window: usize,
+) {
+    for dtype in KvDtype::ALL {
+        check_batch_dtype(dtype, seed, nh, nkv, hd, bs, shapes, 1.0, Some(window));
+    }
+}
+
+/// The dispatched attention call, with or without a window.
+fn dispatched(
+    q: &[f32],
+    k: KvCache<'_>,
+    v: KvCache<'_>,
+    seqs: &[AttentionSeq],
+    shape: Shape,
+    out: &mut [f32],
+) {
+    let Shape {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        window,
+    } = shape;
+    match window {
+        None => paged_attention(
+            q, k, v, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, out,
+        ),
+        Some(w) => paged_attention_windowed(
+            q, k, v, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, w, out,
+        ),
     }
 }
 
@@ -86,6 +134,7 @@ fn check_batch_dtype(
     bs: usize,
     shapes: &[(usize, usize)],
     q_scale: f32,
+    window: Option<usize>,
 ) {
     let mut r = rng(seed);
     let kvw = nkv * hd;
@@ -153,27 +202,17 @@ fn check_batch_dtype(
         })
         .collect();
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![f32::NAN; q.len()];
-    paged_attention(
-        &q,
-        k_cache.view(),
-        v_cache.view(),
-        &seqs,
-        nh,
-        nkv,
-        hd,
-        bs,
-        scale,
-        &mut out,
-    );
-    // Every narrower build agrees with the dispatched one (the widest this CPU has).
     let shape = Shape {
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
         block_size: bs,
         scale,
+        window,
     };
+    let mut out = vec![f32::NAN; q.len()];
+    dispatched(&q, k_cache.view(), v_cache.view(), &seqs, shape, &mut out);
+    // Every narrower build agrees with the dispatched one (the widest this CPU has).
     let levels = [Simd::Portable, Simd::Avx2, Simd::Avx512];
     for &level in levels.iter().filter(|&&l| l < Simd::detect()) {
         let mut narrower = vec![f32::NAN; q.len()];
@@ -210,10 +249,11 @@ fn check_batch_dtype(
             nkv,
             hd,
             scale,
+            window,
         );
         assert_close(got, &want, 1e-5, 1e-4);
         if q_scale <= 1.0 {
-            let exact = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale);
+            let exact = naive(qs, &s.k, &s.v, s.start_pos, nh, nkv, hd, scale, window);
             let atol = match dtype {
                 KvDtype::F32 => 1e-5,
                 KvDtype::F16 => 2e-3,
@@ -224,18 +264,7 @@ fn check_batch_dtype(
         // The same sequence alone in a batch gives bit-identical output.
         let mut alone = vec![0.0; qs.len()];
         let single = [AttentionSeq { q_start: 0, ..*a }];
-        paged_attention(
-            qs,
-            k_cache.view(),
-            v_cache.view(),
-            &single,
-            nh,
-            nkv,
-            hd,
-            bs,
-            scale,
-            &mut alone,
-        );
+        dispatched(qs, k_cache.view(), v_cache.view(), &single, shape, &mut alone);
         assert_eq!(alone, got, "{dtype}");
     }
 }
@@ -283,6 +312,18 @@ fn head_dim_128_and_odd_group_sizes() {
     // 128 takes the other compile-time head size; 8 / 2 gives groups of 4.
     check_batch(45, 8, 2, 128, 16, &[(0, 3), (40, 1), (17, 2)], 1.0);
     check_batch(46, 5, 5, 128, 3, &[(9, 4)], 1.0);
+}
+
+#[test]
+fn sliding_window_sees_only_the_last_positions() {
+    // Windows shorter than, equal to and longer than a block; prefill chunks that start
+    // before and after the window's edge, and decodes far past it (whole blocks skipped).
+    check_windowed(47, 4, 1, 256, 16, &[(0, 40), (600, 1), (30, 9)], 32);
+    check_windowed(48, 9, 3, 64, 16, &[(0, 20), (47, 1), (5, 12)], 16);
+    check_windowed(49, 8, 2, 128, 4, &[(13, 7), (90, 1)], 5);
+    check_windowed(50, 3, 1, 12, 3, &[(0, 9), (4, 2), (40, 1)], 1);
+    // A window wider than every context is full causal attention.
+    check_windowed(51, 4, 2, 16, 4, &[(0, 6), (9, 1)], 1000);
 }
 
 #[test]

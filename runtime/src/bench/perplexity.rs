@@ -299,6 +299,8 @@ mod tests {
             rope_theta: 1e5,
             rope_scaling: crate::model::RopeScaling::None,
             vocab_size: 49152,
+            attention_scale: 0.125,
+            sliding_window: None,
         };
         let cap = |d| kv_capacity(&c, d, 1 << 30, 16, 256);
         let (f32c, f16c, i8c) = (cap(KvDtype::F32), cap(KvDtype::F16), cap(KvDtype::Int8));

@@ -11,6 +11,10 @@ pub enum Architecture {
     Llama,
     /// Qwen2: biases on Q/K/V, rotary pairs split in halves (llama.cpp's NEOX).
     Qwen2,
+    /// Gemma 3 (text): GeGLU FFN, RMS norms on Q and K and after attention and FFN, the
+    /// embedding scaled by `sqrt(hidden)`, and local sliding-window layers between global
+    /// ones, each kind with its own RoPE base (llama.cpp's `llm_build_gemma3_iswa`).
+    Gemma3,
 }
 
 impl Architecture {
@@ -18,6 +22,7 @@ impl Architecture {
         match name {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
+            "gemma3" => Ok(Self::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -27,8 +32,43 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Gemma3 => "gemma3",
         }
     }
+
+    /// The FFN gate's activation.
+    pub fn ffn_activation(self) -> FfnActivation {
+        match self {
+            Self::Llama | Self::Qwen2 => FfnActivation::Silu,
+            Self::Gemma3 => FfnActivation::GeluTanh,
+        }
+    }
+
+    /// Whether Q and K are RMS-normed per head before RoPE, and the attention and FFN
+    /// outputs before they join the residual stream (Gemma 3's four extra norms).
+    pub fn gemma_norms(self) -> bool {
+        self == Self::Gemma3
+    }
+}
+
+/// The activation of the FFN's gate (`act(gate) * up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnActivation {
+    /// SwiGLU.
+    Silu,
+    /// GeGLU with GELU's tanh approximation.
+    GeluTanh,
+}
+
+/// Gemma 3's local layers: the window and which layers use it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer's query sees, itself included.
+    pub size: usize,
+    /// Per layer, whether it is local (windowed); the others attend to the whole context.
+    pub local_layers: Vec<bool>,
+    /// RoPE base of the local layers (the global ones use `rope_theta`).
+    pub rope_theta: f32,
 }
 
 /// Rotary position scaling read from `{arch}.rope.scaling.*`.
@@ -56,6 +96,10 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
     pub vocab_size: usize,
+    /// Scale of the attention logits, `1/sqrt(head_dim)` but for Gemma 3 27B.
+    pub attention_scale: f32,
+    /// Local sliding-window layers (Gemma 3); `None`: every layer is global.
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 impl ModelConfig {
@@ -107,12 +151,31 @@ impl ModelConfig {
                 }
             },
         };
+        if let Some(v) = optional_uint(file, &key("attention.value_length"))? {
+            if v != head_dim {
+                return Err(ModelError::BadMetadata {
+                    key: key("attention.value_length"),
+                    message: format!("value heads of {v} beside key heads of {head_dim}"),
+                });
+            }
+        }
+        let num_layers = uint(file, &key("block_count"))?;
+        let sliding_window = match architecture {
+            Architecture::Gemma3 => Some(gemma3_window(file, num_layers)?),
+            Architecture::Llama | Architecture::Qwen2 => None,
+        };
+        // llama.cpp: Gemma 3 27B (62 layers) scales by the hidden size per head, not head_dim.
+        let attention_scale = if architecture == Architecture::Gemma3 && num_layers == 62 {
+            1.0 / ((hidden_size / num_heads.max(1)) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         let config = Self {
             architecture,
             name: optional_string(file, "general.name")?.map(str::to_string),
             context_length: uint(file, &key("context_length"))?,
             hidden_size,
-            num_layers: uint(file, &key("block_count"))?,
+            num_layers,
             ffn_size: uint(file, &key("feed_forward_length"))?,
             num_heads,
             num_kv_heads,
@@ -122,6 +185,8 @@ impl ModelConfig {
             rope_theta: optional_float(file, &key("rope.freq_base"))?.unwrap_or(10_000.0),
             rope_scaling,
             vocab_size,
+            attention_scale,
+            sliding_window,
         };
         config.check()?;
         Ok(config)
@@ -156,6 +221,16 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The sliding window of layer `index`, `None` for a global layer.
+    pub fn layer_window(&self, index: usize) -> Option<usize> {
+        let w = self.sliding_window.as_ref()?;
+        w.local_layers
+            .get(index)
+            .copied()
+            .unwrap_or(false)
+            .then_some(w.size)
+    }
+
     /// Width of one token's K (or V) in one layer: KV heads × head dim.
     pub fn kv_width(&self) -> usize {
         self.num_kv_heads * self.head_dim
@@ -166,6 +241,56 @@ impl ModelConfig {
     pub fn kv_bytes_per_token(&self, dtype: KvDtype) -> usize {
         dtype.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim)
     }
+}
+
+/// Every sixth Gemma 3 layer is global (llama.cpp's `set_swa_pattern(6)`), unless the file
+/// gives `gemma3.attention.sliding_window_pattern` (a period, or one flag per layer, true
+/// for local); local layers use RoPE base 10,000 unless `gemma3.rope.freq_base_swa` says.
+fn gemma3_window(file: &ModelFile, num_layers: usize) -> Result<SlidingWindow, ModelError> {
+    const PERIOD: usize = 6;
+    const LOCAL_ROPE_THETA: f32 = 10_000.0;
+    let size = uint(file, "gemma3.attention.sliding_window")?;
+    let pattern_key = "gemma3.attention.sliding_window_pattern";
+    let bad = |message: String| ModelError::BadMetadata {
+        key: pattern_key.into(),
+        message,
+    };
+    let local_layers = match file.content().metadata.get(pattern_key) {
+        Some(Value::Array(flags)) => {
+            let flags: Vec<bool> = flags
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(b) => Ok(*b),
+                    other => Err(bad(format!("expected booleans, found {other:?}"))),
+                })
+                .collect::<Result<_, _>>()?;
+            if flags.len() != num_layers {
+                return Err(bad(format!(
+                    "{} flags for {num_layers} layers",
+                    flags.len()
+                )));
+            }
+            flags
+        }
+        _ => {
+            let period = optional_uint(file, pattern_key)?.unwrap_or(PERIOD);
+            if period == 0 {
+                return Err(bad("a period of 0".into()));
+            }
+            (0..num_layers).map(|i| (i + 1) % period != 0).collect()
+        }
+    };
+    if size == 0 {
+        return Err(ModelError::BadMetadata {
+            key: "gemma3.attention.sliding_window".into(),
+            message: "a window of 0 positions".into(),
+        });
+    }
+    Ok(SlidingWindow {
+        size,
+        local_layers,
+        rope_theta: optional_float(file, "gemma3.rope.freq_base_swa")?.unwrap_or(LOCAL_ROPE_THETA),
+    })
 }
 
 fn string<'a>(file: &'a ModelFile, key: &str) -> Result<&'a str, ModelError> {

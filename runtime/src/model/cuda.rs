@@ -9,7 +9,7 @@ use tidal_kernels::cuda::{AttentionBatch, CudaError, CudaSlice, Gpu, GpuKvBuffer
 use tidal_kernels::{KvDtype, RopeStyle};
 
 use super::batch::{embed, BatchLayout};
-use super::config::ModelConfig;
+use super::config::{Architecture, ModelConfig};
 use super::error::ModelError;
 use super::forward::{ForwardBatch, Model};
 use super::weight::{own_kernel_type, Weight};
@@ -104,6 +104,12 @@ impl CudaModel {
         block_size: usize,
     ) -> Result<Self, ModelError> {
         let c = model.config().clone();
+        if c.architecture == Architecture::Gemma3 {
+            // The GPU kernels have no sliding window, GeGLU or per-head norms yet.
+            return Err(ModelError::Unsupported(
+                "gemma3 models run on --device cpu only (the CUDA backend has no sliding-window attention, GeGLU or Q/K norms yet)".into(),
+            ));
+        }
         let slots = num_blocks * block_size;
         let weights = model.weights();
         let mut layers = Vec::with_capacity(weights.layers.len());

@@ -10,7 +10,7 @@ pub enum ModelError {
     },
     #[error("{path} is not a readable GGUF file: {message}")]
     Gguf { path: String, message: String },
-    #[error("unsupported model architecture `{0}` (supported: llama, qwen2)")]
+    #[error("unsupported model architecture `{0}` (supported: llama, qwen2, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("missing GGUF metadata key `{0}`")]
     MissingMetadata(String),
@@ -37,6 +37,8 @@ pub enum ModelError {
     UnsupportedRopeScaling(String),
     #[error("cannot re-quantise to {0:?}: {1}")]
     Quantize(GgmlDType, String),
+    #[error("{0}")]
+    Unsupported(String),
     #[error("kernel error: {0}")]
     Kernel(String),
 }

@@ -1,9 +1,12 @@
 use std::time::Instant;
 
-use tidal_kernels::{paged_attention, rms_norm, silu_mul, write_kv, AttentionSeq, Rope, RopeStyle};
+use tidal_kernels::{
+    gelu_mul, paged_attention, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul,
+    write_kv, AttentionSeq, Rope, RopeStyle,
+};
 
 use super::batch::{embed, BatchLayout};
-use super::config::{Architecture, ModelConfig, RopeScaling};
+use super::config::{Architecture, FfnActivation, ModelConfig, RopeScaling};
 use super::error::ModelError;
 use super::file::ModelFile;
 use super::kv_storage::KvStorage;
@@ -36,11 +39,13 @@ impl ForwardBatch<'_> {
     }
 }
 
-/// A loaded llama-family model.
+/// A loaded model (llama family, Qwen2 or Gemma 3).
 pub struct Model {
     config: ModelConfig,
     weights: ModelWeights,
     rope: Rope,
+    /// The RoPE of the sliding-window layers, where their base differs (Gemma 3).
+    rope_local: Option<Rope>,
 }
 
 impl Model {
@@ -52,6 +57,11 @@ impl Model {
         let weights = ModelWeights::load(file, &config, quantize)?;
         let (style, scale) = rope_params(&config);
         let rope = Rope::new(config.head_dim, config.rope_theta, scale, style);
+        // llama.cpp scales only the global layers' positions (`rope_freq_scale_train_swa` 1).
+        let rope_local = config
+            .sliding_window
+            .as_ref()
+            .map(|w| Rope::new(config.head_dim, w.rope_theta, 1.0, style));
         tracing::info!(
             path = %file.path().display(),
             arch = config.architecture.name(),
@@ -63,6 +73,7 @@ impl Model {
             config,
             weights,
             rope,
+            rope_local,
         })
     }
 
@@ -129,6 +140,10 @@ impl Model {
             q_start += seq.tokens.len();
         }
         let mut x = embed(batch, &self.weights.token_embedding, c.vocab_size, d)?;
+        if c.architecture == Architecture::Gemma3 {
+            let scale = (d as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
 
         let mut buffers = LayerBuffers::new(c, n);
         for (index, layer) in self.weights.layers.iter().enumerate() {
@@ -189,8 +204,17 @@ impl Model {
         add_bias(&mut b.q, w.bq.as_deref());
         add_bias(&mut b.k, w.bk.as_deref());
         add_bias(&mut b.v, w.bv.as_deref());
-        self.rope.apply(&mut b.q, positions, c.num_heads);
-        self.rope.apply(&mut b.k, positions, c.num_kv_heads);
+        if let Some(g) = &w.gemma {
+            rms_norm_in_place(&mut b.q, &g.q, c.rms_norm_eps);
+            rms_norm_in_place(&mut b.k, &g.k, c.rms_norm_eps);
+        }
+        let window = c.layer_window(index);
+        let rope = match window {
+            Some(_) => self.rope_local.as_ref().unwrap_or(&self.rope),
+            None => &self.rope,
+        };
+        rope.apply(&mut b.q, positions, c.num_heads);
+        rope.apply(&mut b.k, positions, c.num_kv_heads);
         let (k_cache, v_cache) = kv.layer_mut(index);
         write_kv(
             k_cache,
@@ -201,32 +225,43 @@ impl Model {
             c.num_kv_heads,
             c.head_dim,
         );
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (k_cache, v_cache) = kv.layer(index);
-        paged_attention(
-            &b.q,
-            k_cache,
-            v_cache,
-            seqs,
-            c.num_heads,
-            c.num_kv_heads,
-            c.head_dim,
-            kv.block_size(),
-            scale,
-            &mut b.attn,
-        );
+        let (heads, kv_heads, hd, bs) = (c.num_heads, c.num_kv_heads, c.head_dim, kv.block_size());
+        let scale = c.attention_scale;
+        match window {
+            None => paged_attention(
+                &b.q, k_cache, v_cache, seqs, heads, kv_heads, hd, bs, scale, &mut b.attn,
+            ),
+            Some(size) => paged_attention_windowed(
+                &b.q, k_cache, v_cache, seqs, heads, kv_heads, hd, bs, scale, size, &mut b.attn,
+            ),
+        }
         w.wo.matmul(&Activations::new(&b.attn, n), &mut b.out)?;
-        add_into(x, &b.out);
+        let post_attention = w.gemma.as_ref().map(|g| g.post_attention.as_slice());
+        add_residual(x, &mut b.out, post_attention, c.rms_norm_eps);
 
         rms_norm(x, &w.ffn_norm, c.rms_norm_eps, &mut b.normed);
         let normed = Activations::new(&b.normed, n);
         w.w_gate.matmul(&normed, &mut b.gate)?;
         w.w_up.matmul(&normed, &mut b.up)?;
-        silu_mul(&mut b.gate, &b.up);
+        match c.architecture.ffn_activation() {
+            FfnActivation::Silu => silu_mul(&mut b.gate, &b.up),
+            FfnActivation::GeluTanh => gelu_mul(&mut b.gate, &b.up),
+        }
         w.w_down.matmul(&Activations::new(&b.gate, n), &mut b.out)?;
-        add_into(x, &b.out);
+        let post_ffn = w.gemma.as_ref().map(|g| g.post_ffn.as_slice());
+        add_residual(x, &mut b.out, post_ffn, c.rms_norm_eps);
         Ok(())
     }
+}
+
+/// `x += out`, with `out` RMS-normed first where the model norms a block's output before
+/// the residual add (Gemma 3's post-attention and post-FFN norms).
+fn add_residual(x: &mut [f32], out: &mut [f32], post_norm: Option<&[f32]>, eps: f32) {
+    if let Some(weight) = post_norm {
+        rms_norm_in_place(out, weight, eps);
+    }
+    add_into(x, out);
 }
 
 /// Scratch activations of one layer, reused across layers.
@@ -260,7 +295,7 @@ impl LayerBuffers {
 fn rope_params(c: &ModelConfig) -> (RopeStyle, f32) {
     let style = match c.architecture {
         Architecture::Llama => RopeStyle::Normal,
-        Architecture::Qwen2 => RopeStyle::Neox,
+        Architecture::Qwen2 | Architecture::Gemma3 => RopeStyle::Neox,
     };
     let scale = match c.rope_scaling {
         RopeScaling::None => 1.0,

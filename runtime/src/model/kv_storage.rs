@@ -106,6 +106,8 @@ mod tests {
             rope_theta: 10000.0,
             rope_scaling: RopeScaling::None,
             context_length: 128,
+            attention_scale: 0.25,
+            sliding_window: None,
         }
     }
 

@@ -17,7 +17,7 @@ mod tiny;
 mod weight;
 mod weights;
 
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, FfnActivation, ModelConfig, RopeScaling, SlidingWindow};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaModel;
 pub use error::ModelError;

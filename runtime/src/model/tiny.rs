@@ -27,6 +27,10 @@ pub struct TinySpec {
     pub dtype: GgmlDType,
     /// Share the embedding as the output matrix (no `output.weight`).
     pub tied_embeddings: bool,
+    /// Gemma 3 only: the local layers' window, and the period of the global layers
+    /// (`gemma3.attention.sliding_window_pattern`: every `n`th layer is global).
+    pub sliding_window: usize,
+    pub sliding_window_pattern: usize,
     pub seed: u64,
 }
 
@@ -43,6 +47,8 @@ impl Default for TinySpec {
             context: 256,
             dtype: GgmlDType::Q8_0,
             tied_embeddings: true,
+            sliding_window: 8,
+            sliding_window_pattern: 2,
             seed: 7,
         }
     }
@@ -161,6 +167,12 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
             spec.dtype,
             &mut rng,
         )?;
+        if spec.architecture.gemma_norms() {
+            norms.push(norm(p("attn_q_norm.weight"), head_dim, &mut rng)?);
+            norms.push(norm(p("attn_k_norm.weight"), head_dim, &mut rng)?);
+            norms.push(norm(p("post_attention_norm.weight"), spec.hidden, &mut rng)?);
+            norms.push(norm(p("post_ffw_norm.weight"), spec.hidden, &mut rng)?);
+        }
         if spec.architecture == Architecture::Qwen2 {
             matrix(p("attn_q.bias"), 1, q_width, GgmlDType::F32, &mut rng)?;
             matrix(p("attn_k.bias"), 1, kv_width, GgmlDType::F32, &mut rng)?;
@@ -181,7 +193,7 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
                 .repeat(1 + i / 94),
         )
     }));
-    let metadata: Vec<(String, Value)> = vec![
+    let mut metadata: Vec<(String, Value)> = vec![
         ("general.architecture".into(), Value::String(arch.into())),
         ("general.name".into(), Value::String(format!("tiny-{arch}"))),
         (key("context_length"), Value::U32(spec.context as u32)),
@@ -194,7 +206,14 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
             Value::U32(spec.kv_heads as u32),
         ),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-5)),
-        (key("rope.freq_base"), Value::F32(10_000.0)),
+        // Gemma 3's global base; its local layers keep the default 10,000.
+        (
+            key("rope.freq_base"),
+            Value::F32(match spec.architecture {
+                Architecture::Gemma3 => 1_000_000.0,
+                Architecture::Llama | Architecture::Qwen2 => 10_000.0,
+            }),
+        ),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("default".into())),
         ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
@@ -202,6 +221,20 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
         ("tokenizer.ggml.bos_token_id".into(), Value::U32(0)),
         ("tokenizer.ggml.eos_token_id".into(), Value::U32(1)),
     ];
+    if spec.architecture == Architecture::Gemma3 {
+        metadata.extend([
+            (key("attention.key_length"), Value::U32(head_dim as u32)),
+            (key("attention.value_length"), Value::U32(head_dim as u32)),
+            (
+                key("attention.sliding_window"),
+                Value::U32(spec.sliding_window as u32),
+            ),
+            (
+                key("attention.sliding_window_pattern"),
+                Value::U32(spec.sliding_window_pattern as u32),
+            ),
+        ]);
+    }
     let meta_refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let shown = path.display().to_string();

@@ -17,9 +17,22 @@ pub(crate) struct LayerWeights {
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
+    /// Gemma 3's extra norms (`Architecture::gemma_norms`), `None` elsewhere.
+    pub gemma: Option<GemmaNorms>,
 }
 
-/// All weights of a llama-family model.
+/// Gemma 3's per-layer norms besides the two pre-norms (llama.cpp names in brackets).
+pub(crate) struct GemmaNorms {
+    /// Per head, on Q and K before RoPE (`attn_q_norm`, `attn_k_norm`): `head_dim` values.
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    /// On the attention output and on the FFN output, before each joins the residual
+    /// stream (`post_attention_norm`, `post_ffw_norm`).
+    pub post_attention: Vec<f32>,
+    pub post_ffn: Vec<f32>,
+}
+
+/// All weights of a model.
 pub(crate) struct ModelWeights {
     pub token_embedding: Weight,
     pub layers: Vec<LayerWeights>,
@@ -76,6 +89,15 @@ impl ModelWeights {
                 w_gate: matrix(&p("ffn_gate.weight"), config.ffn_size, d)?,
                 w_up: matrix(&p("ffn_up.weight"), config.ffn_size, d)?,
                 w_down: matrix(&p("ffn_down.weight"), d, config.ffn_size)?,
+                gemma: match config.architecture.gemma_norms() {
+                    true => Some(GemmaNorms {
+                        q: vector(&p("attn_q_norm.weight"), config.head_dim)?,
+                        k: vector(&p("attn_k_norm.weight"), config.head_dim)?,
+                        post_attention: vector(&p("post_attention_norm.weight"), d)?,
+                        post_ffn: vector(&p("post_ffw_norm.weight"), d)?,
+                    }),
+                    false => None,
+                },
             });
         }
         let output = match file.tensor_info("output.weight") {

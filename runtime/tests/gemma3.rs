@@ -88,9 +88,22 @@ fn naive_gemma3(path: &Path, spec: &TinySpec, prompt: &[u32]) -> Vec<f64> {
         .collect();
     for l in 0..spec.layers {
         let mut w = |n: &str| t.get(&format!("blk.{l}.{n}.weight"));
-        let (attn_norm, wq, wk, wv, wo) = (w("attn_norm"), w("attn_q"), w("attn_k"), w("attn_v"), w("attn_output"));
-        let (q_norm, k_norm, post_attn) = (w("attn_q_norm"), w("attn_k_norm"), w("post_attention_norm"));
-        let (ffn_norm, gate, up, down, post_ffn) = (w("ffn_norm"), w("ffn_gate"), w("ffn_up"), w("ffn_down"), w("post_ffw_norm"));
+        let (attn_norm, wq, wk, wv, wo) = (
+            w("attn_norm"),
+            w("attn_q"),
+            w("attn_k"),
+            w("attn_v"),
+            w("attn_output"),
+        );
+        let (q_norm, k_norm, post_attn) =
+            (w("attn_q_norm"), w("attn_k_norm"), w("post_attention_norm"));
+        let (ffn_norm, gate, up, down, post_ffn) = (
+            w("ffn_norm"),
+            w("ffn_gate"),
+            w("ffn_up"),
+            w("ffn_down"),
+            w("post_ffw_norm"),
+        );
         let local = (l + 1) % spec.sliding_window_pattern != 0;
         let theta = if local { 10_000.0 } else { 1_000_000.0 };
         let mut qs = Vec::new();
@@ -100,8 +113,10 @@ fn naive_gemma3(path: &Path, spec: &TinySpec, prompt: &[u32]) -> Vec<f64> {
             let h = rms_norm(x, &attn_norm, eps);
             let mut q = rms_norm(&matvec(&wq, &h), &q_norm, eps);
             let mut k = rms_norm(&matvec(&wk, &h), &k_norm, eps);
-            q.chunks_mut(hd).for_each(|head| rope_neox(head, pos, theta));
-            k.chunks_mut(hd).for_each(|head| rope_neox(head, pos, theta));
+            q.chunks_mut(hd)
+                .for_each(|head| rope_neox(head, pos, theta));
+            k.chunks_mut(hd)
+                .for_each(|head| rope_neox(head, pos, theta));
             qs.push(q);
             ks.push(k);
             vs.push(matvec(&wv, &h));
@@ -203,7 +218,10 @@ fn tiny_gemma3_matches_a_naive_forward() {
         .zip(&want)
         .map(|(a, b)| (a - b).abs())
         .fold(0f64, f64::max);
-    assert!(moved > 1e-2 * scale, "the window changed the logits by only {moved}");
+    assert!(
+        moved > 1e-2 * scale,
+        "the window changed the logits by only {moved}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -288,8 +306,10 @@ fn gemma3_270m_past_the_window_batched_and_cached() {
         .unwrap();
     let again = collect(engine.submit(greedy(long.clone(), 12)).unwrap());
     collect(short);
-    assert_eq!(alone.ids, again.ids, "ids changed when batched from the cache");
+    assert_eq!(
+        alone.ids, again.ids,
+        "ids changed when batched from the cache"
+    );
     assert!(again.usage.cached_tokens > 512, "{:?}", again.usage);
     assert!(!alone.text.trim().is_empty());
 }
-

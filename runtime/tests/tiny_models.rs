@@ -195,6 +195,54 @@ fn requantised_weights_are_owned_and_close() {
     assert_eq!(argmax(&a), argmax(&b));
 }
 
+/// Q5_0 and K-quant matrices have no kernel of ours: by default they become Q8_0 at load
+/// (close to the stored values), and `QuantizeTo::Stored` keeps them in place.
+#[test]
+fn slow_block_types_become_q8_0_unless_kept_as_stored() {
+    for (dtype, hidden) in [(GgmlDType::Q5_0, 64), (GgmlDType::Q6K, 256)] {
+        let (_dir, file) = tiny(&TinySpec {
+            dtype,
+            hidden,
+            ffn: 2 * hidden,
+            ..TinySpec::default()
+        });
+        let fast = Model::load(&file, None).unwrap();
+        let stored = Model::load(&file, Some(QuantizeTo::Stored)).unwrap();
+        assert!(!fast.all_weights_mapped(), "{dtype:?} was not re-quantised");
+        assert!(stored.all_weights_mapped(), "{dtype:?} stored was copied");
+        assert!(fast.weight_bytes() > stored.weight_bytes());
+        let c = fast.config();
+        let prompt = [2u32, 5, 9, 11];
+        let table = [0u32];
+        let batch = ForwardBatch {
+            seqs: vec![ForwardSeq {
+                tokens: &prompt,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+            }],
+        };
+        let run = |m: &Model| {
+            m.forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
+                .unwrap()
+        };
+        let (a, b) = (run(&fast), run(&stored));
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            diff < 0.05 * scale,
+            "{dtype:?}: Q8_0 moved logits by {diff} of {scale}"
+        );
+    }
+    // A type our kernels run stays in place either way.
+    let (_dir, file) = tiny(&TinySpec::default());
+    assert!(Model::load(&file, None).unwrap().all_weights_mapped());
+}
+
 #[test]
 fn unknown_architecture_is_refused_by_name() {
     let dir = tempdir::Dir::new();

@@ -177,7 +177,8 @@ pub struct PerplexityArgs {
     /// Tokens per forward call.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
-    /// Re-quantise the weights at load: q4_0, q4_1, q8_0 or f16.
+    /// Re-quantise the weights at load: q4_0, q4_1, q8_0, f16 or stored (default: as stored,
+    /// Q5_0/Q5_1/K-quant matrices as Q8_0).
     #[arg(long)]
     pub quantize: Option<QuantizeTo>,
     /// Worker threads for the kernels (default: all cores).

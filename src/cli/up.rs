@@ -54,7 +54,8 @@ pub struct UpArgs {
     /// Kernel threads per worker (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Re-quantise weights at load: q4_0, q4_1, q8_0 or f16.
+    /// Re-quantise weights at load: q4_0, q4_1, q8_0, f16 or stored (default: as stored,
+    /// Q5_0/Q5_1/K-quant matrices as Q8_0).
     #[arg(long)]
     pub quantize: Option<QuantizeTo>,
     /// A model with no request for this long is unloaded (scale to zero).

@@ -264,7 +264,14 @@ fn check_batch_dtype(
         // The same sequence alone in a batch gives bit-identical output.
         let mut alone = vec![0.0; qs.len()];
         let single = [AttentionSeq { q_start: 0, ..*a }];
-        dispatched(qs, k_cache.view(), v_cache.view(), &single, shape, &mut alone);
+        dispatched(
+            qs,
+            k_cache.view(),
+            v_cache.view(),
+            &single,
+            shape,
+            &mut alone,
+        );
         assert_eq!(alone, got, "{dtype}");
     }
 }

@@ -230,10 +230,29 @@ impl Model {
         let scale = c.attention_scale;
         match window {
             None => paged_attention(
-                &b.q, k_cache, v_cache, seqs, heads, kv_heads, hd, bs, scale, &mut b.attn,
+                &b.q,
+                k_cache,
+                v_cache,
+                seqs,
+                heads,
+                kv_heads,
+                hd,
+                bs,
+                scale,
+                &mut b.attn,
             ),
             Some(size) => paged_attention_windowed(
-                &b.q, k_cache, v_cache, seqs, heads, kv_heads, hd, bs, scale, size, &mut b.attn,
+                &b.q,
+                k_cache,
+                v_cache,
+                seqs,
+                heads,
+                kv_heads,
+                hd,
+                bs,
+                scale,
+                size,
+                &mut b.attn,
             ),
         }
         w.wo.matmul(&Activations::new(&b.attn, n), &mut b.out)?;

@@ -170,7 +170,11 @@ pub fn write_tiny_gguf(path: &Path, spec: &TinySpec) -> Result<(), TinyModelErro
         if spec.architecture.gemma_norms() {
             norms.push(norm(p("attn_q_norm.weight"), head_dim, &mut rng)?);
             norms.push(norm(p("attn_k_norm.weight"), head_dim, &mut rng)?);
-            norms.push(norm(p("post_attention_norm.weight"), spec.hidden, &mut rng)?);
+            norms.push(norm(
+                p("post_attention_norm.weight"),
+                spec.hidden,
+                &mut rng,
+            )?);
             norms.push(norm(p("post_ffw_norm.weight"), spec.hidden, &mut rng)?);
         }
         if spec.architecture == Architecture::Qwen2 {

@@ -1,7 +1,9 @@
 use super::config::{Architecture, ModelConfig};
 use super::error::ModelError;
 use super::file::ModelFile;
-use super::weight::{QuantizeTo, Weight};
+use std::cell::RefCell;
+
+use super::weight::{needs_fast_type, QuantizeTo, Weight};
 
 /// Weights of one transformer block (llama.cpp tensor names `blk.N.*`).
 pub(crate) struct LayerWeights {
@@ -51,11 +53,22 @@ impl ModelWeights {
         let d = config.hidden_size;
         let q_width = config.num_heads * config.head_dim;
         let kv_width = config.kv_width();
+        // Block types re-quantised to Q8_0 because no `quantize` was given: (type, count).
+        let made_fast: RefCell<Vec<(String, usize)>> = RefCell::default();
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight, ModelError> {
             let w = Weight::load(file, name)?;
             expect_shape(&w, rows, cols)?;
             match quantize {
                 Some(q) => w.requantize(q),
+                None if needs_fast_type(w.dtype()) => {
+                    let kind = format!("{:?}", w.dtype());
+                    let mut seen = made_fast.borrow_mut();
+                    match seen.iter_mut().find(|(k, _)| *k == kind) {
+                        Some((_, n)) => *n += 1,
+                        None => seen.push((kind, 1)),
+                    }
+                    w.requantize(QuantizeTo::Q8_0)
+                }
                 None => Ok(w),
             }
         };
@@ -113,6 +126,14 @@ impl ModelWeights {
             }
             None => matrix("token_embd.weight", config.vocab_size, d)?,
         };
+        let made_fast = made_fast.into_inner();
+        if !made_fast.is_empty() {
+            let types: Vec<String> = made_fast.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            tracing::info!(
+                matrices = %types.join(", "),
+                "re-quantised to Q8_0 at load: the CPU kernels run Q4_0, Q4_1 and Q8_0 (`--quantize stored` keeps them as stored)"
+            );
+        }
         Ok(Self {
             token_embedding,
             layers,

@@ -9,6 +9,7 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 bash scripts/services.sh
 bash scripts/fetch-model.sh >/dev/null
+bash scripts/fetch-model.sh gemma3 >/dev/null   # the second architecture (runtime/tests/gemma3.rs)
 # The chart-rendering tests need Helm's template engine; without it they skip with a message.
 if [ -z "${TIDAL_HELM_PYTHON:-}" ] && ! command -v helm >/dev/null; then
     if helm_py="$(bash scripts/helm-venv.sh)"; then

@@ -13,20 +13,24 @@ use tidal_tokenizer::{ChatTemplate, Tokenizer};
 /// Path of the default model, fetched (and verified) by the project's script on first use.
 pub fn default_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
-        let out = std::process::Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("run fetch-model.sh");
-        assert!(
-            out.status.success(),
-            "fetch-model.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-    .clone()
+    PATH.get_or_init(|| fetch_model("smollm2")).clone()
+}
+
+/// Path of a model `scripts/fetch-model.sh` knows (`smollm2`, `gemma3`), fetched and
+/// verified by it.
+pub fn fetch_model(name: &str) -> PathBuf {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
+    let out = std::process::Command::new("bash")
+        .arg(script)
+        .arg(name)
+        .output()
+        .expect("run fetch-model.sh");
+    assert!(
+        out.status.success(),
+        "fetch-model.sh {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
 /// Starts an engine on the default model with the given settings.

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::GgmlDType;
 use candle_core::Device;
-use common::{collect, greedy};
+use common::{collect, fetch_model, greedy};
 use tidal_runtime::engine::{Engine, EngineConfig};
 use tidal_runtime::model::{
     write_tiny_gguf, Architecture, ForwardBatch, ForwardSeq, KvDtype, KvStorage, Model, ModelFile,
@@ -228,21 +228,7 @@ fn tiny_gemma3_matches_a_naive_forward() {
 /// Path of Gemma 3 270M, fetched (and verified) by the project's script on first use.
 fn gemma3_model() -> PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
-        let out = std::process::Command::new("bash")
-            .arg(script)
-            .arg("gemma3")
-            .output()
-            .expect("run fetch-model.sh gemma3");
-        assert!(
-            out.status.success(),
-            "fetch-model.sh gemma3 failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
-    .clone()
+    PATH.get_or_init(|| fetch_model("gemma3")).clone()
 }
 
 fn gemma3_engine() -> Engine {

@@ -156,6 +156,22 @@ fn gemma3_local_and_global_layers_paths_agree() {
     check_paths_agree(&model);
 }
 
+/// The last-token logits of a four-token prompt, from an f32 KV cache of one block.
+fn short_prompt_logits(model: &Model) -> Vec<f32> {
+    let prompt = [2u32, 5, 9, 11];
+    let table = [0u32];
+    let batch = ForwardBatch {
+        seqs: vec![ForwardSeq {
+            tokens: &prompt,
+            start_pos: 0,
+            block_table: &table,
+            want_logits: true,
+        }],
+    };
+    let mut kv = KvStorage::new(model.config(), KvDtype::F32, 1, 16);
+    model.forward(&batch, &mut kv).unwrap()
+}
+
 #[test]
 fn requantised_weights_are_owned_and_close() {
     let (_dir, file) = tiny(&TinySpec {
@@ -169,23 +185,7 @@ fn requantised_weights_are_owned_and_close() {
         q8.weight_bytes() * 3 < exact.weight_bytes(),
         "Q8_0 should be about a quarter of f32"
     );
-    let c = exact.config();
-    let prompt = [2u32, 5, 9, 11];
-    let table = [0u32];
-    let batch = ForwardBatch {
-        seqs: vec![ForwardSeq {
-            tokens: &prompt,
-            start_pos: 0,
-            block_table: &table,
-            want_logits: true,
-        }],
-    };
-    let a = exact
-        .forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
-        .unwrap();
-    let b = q8
-        .forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
-        .unwrap();
+    let (a, b) = (short_prompt_logits(&exact), short_prompt_logits(&q8));
     let argmax = |v: &[f32]| {
         v.iter()
             .enumerate()
@@ -211,22 +211,7 @@ fn slow_block_types_become_q8_0_unless_kept_as_stored() {
         assert!(!fast.all_weights_mapped(), "{dtype:?} was not re-quantised");
         assert!(stored.all_weights_mapped(), "{dtype:?} stored was copied");
         assert!(fast.weight_bytes() > stored.weight_bytes());
-        let c = fast.config();
-        let prompt = [2u32, 5, 9, 11];
-        let table = [0u32];
-        let batch = ForwardBatch {
-            seqs: vec![ForwardSeq {
-                tokens: &prompt,
-                start_pos: 0,
-                block_table: &table,
-                want_logits: true,
-            }],
-        };
-        let run = |m: &Model| {
-            m.forward(&batch, &mut KvStorage::new(c, KvDtype::F32, 1, 16))
-                .unwrap()
-        };
-        let (a, b) = (run(&fast), run(&stored));
+        let (a, b) = (short_prompt_logits(&fast), short_prompt_logits(&stored));
         let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = a
             .iter()

@@ -91,32 +91,19 @@ pub fn paged_attention<'a>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let shape = Shape {
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        block_size,
-        scale,
-        window: None,
-    };
-    attention(
-        Simd::detect(),
-        q,
-        k_cache.into(),
-        v_cache.into(),
-        seqs,
-        shape,
-        out,
+    paged_attention_windowed(
+        q, k_cache, v_cache, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, None, out,
     );
 }
 
-/// [`paged_attention`] with a sliding window (Gemma's local layers, Mistral): the token at
-/// position `p` attends to the `window` positions `p + 1 - window..=p` only (llama.cpp's
-/// `LLAMA_SWA_TYPE_STANDARD`: a key `p - k >= window` behind is masked). KV blocks wholly
-/// behind the window are not read.
+/// [`paged_attention`] with an optional sliding window (Gemma's local layers, Mistral): with
+/// `Some(window)` the token at position `p` attends to the `window` positions
+/// `p + 1 - window..=p` only (llama.cpp's `LLAMA_SWA_TYPE_STANDARD`: a key `p - k >= window`
+/// behind is masked), and KV blocks wholly behind the window are not read; `None` is
+/// [`paged_attention`].
 ///
 /// # Panics
-/// As [`paged_attention`], and on a zero window.
+/// As [`paged_attention`], and on a window of 0.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention_windowed<'a>(
     q: &[f32],
@@ -128,17 +115,17 @@ pub fn paged_attention_windowed<'a>(
     head_dim: usize,
     block_size: usize,
     scale: f32,
-    window: usize,
+    window: Option<usize>,
     out: &mut [f32],
 ) {
-    assert!(window > 0, "paged_attention: zero window");
+    assert!(window != Some(0), "paged_attention: zero window");
     let shape = Shape {
         n_heads,
         n_kv_heads,
         head_dim,
         block_size,
         scale,
-        window: Some(window),
+        window,
     };
     attention(
         Simd::detect(),

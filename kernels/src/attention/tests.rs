@@ -115,14 +115,9 @@ fn dispatched(
         scale,
         window,
     } = shape;
-    match window {
-        None => paged_attention(
-            q, k, v, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, out,
-        ),
-        Some(w) => paged_attention_windowed(
-            q, k, v, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, w, out,
-        ),
-    }
+    paged_attention_windowed(
+        q, k, v, seqs, n_heads, n_kv_heads, head_dim, block_size, scale, window, out,
+    );
 }
 
 fn check_batch_dtype(

@@ -1,8 +1,8 @@
 use std::time::Instant;
 
 use tidal_kernels::{
-    gelu_mul, paged_attention, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul,
-    write_kv, AttentionSeq, Rope, RopeStyle,
+    gelu_mul, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul, write_kv,
+    AttentionSeq, Rope, RopeStyle,
 };
 
 use super::batch::{embed, BatchLayout};
@@ -226,35 +226,19 @@ impl Model {
             c.head_dim,
         );
         let (k_cache, v_cache) = kv.layer(index);
-        let (heads, kv_heads, hd, bs) = (c.num_heads, c.num_kv_heads, c.head_dim, kv.block_size());
-        let scale = c.attention_scale;
-        match window {
-            None => paged_attention(
-                &b.q,
-                k_cache,
-                v_cache,
-                seqs,
-                heads,
-                kv_heads,
-                hd,
-                bs,
-                scale,
-                &mut b.attn,
-            ),
-            Some(size) => paged_attention_windowed(
-                &b.q,
-                k_cache,
-                v_cache,
-                seqs,
-                heads,
-                kv_heads,
-                hd,
-                bs,
-                scale,
-                size,
-                &mut b.attn,
-            ),
-        }
+        paged_attention_windowed(
+            &b.q,
+            k_cache,
+            v_cache,
+            seqs,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            kv.block_size(),
+            c.attention_scale,
+            window,
+            &mut b.attn,
+        );
         w.wo.matmul(&Activations::new(&b.attn, n), &mut b.out)?;
         let post_attention = w.gemma.as_ref().map(|g| g.post_attention.as_slice());
         add_residual(x, &mut b.out, post_attention, c.rms_norm_eps);

@@ -49,6 +49,12 @@ impl Architecture {
     pub fn gemma_norms(self) -> bool {
         self == Self::Gemma3
     }
+
+    /// The factor the token embeddings are multiplied by before the first layer (Gemma:
+    /// `sqrt(hidden)`), `None` for none.
+    pub fn embedding_scale(self, hidden_size: usize) -> Option<f32> {
+        (self == Self::Gemma3).then(|| (hidden_size as f32).sqrt())
+    }
 }
 
 /// The activation of the FFN's gate (`act(gate) * up`).
@@ -243,52 +249,31 @@ impl ModelConfig {
     }
 }
 
-/// Every sixth Gemma 3 layer is global (llama.cpp's `set_swa_pattern(6)`), unless the file
-/// gives `gemma3.attention.sliding_window_pattern` (a period, or one flag per layer, true
-/// for local); local layers use RoPE base 10,000 unless `gemma3.rope.freq_base_swa` says.
+/// Every sixth Gemma 3 layer is global (llama.cpp's `set_swa_pattern(6)`), or every `n`th
+/// where the file gives `gemma3.attention.sliding_window_pattern` as a period; local layers
+/// use RoPE base 10,000 unless `gemma3.rope.freq_base_swa` says otherwise.
 fn gemma3_window(file: &ModelFile, num_layers: usize) -> Result<SlidingWindow, ModelError> {
     const PERIOD: usize = 6;
     const LOCAL_ROPE_THETA: f32 = 10_000.0;
+    let bad = |key: &str, message: &str| ModelError::BadMetadata {
+        key: key.into(),
+        message: message.into(),
+    };
     let size = uint(file, "gemma3.attention.sliding_window")?;
-    let pattern_key = "gemma3.attention.sliding_window_pattern";
-    let bad = |message: String| ModelError::BadMetadata {
-        key: pattern_key.into(),
-        message,
-    };
-    let local_layers = match file.content().metadata.get(pattern_key) {
-        Some(Value::Array(flags)) => {
-            let flags: Vec<bool> = flags
-                .iter()
-                .map(|v| match v {
-                    Value::Bool(b) => Ok(*b),
-                    other => Err(bad(format!("expected booleans, found {other:?}"))),
-                })
-                .collect::<Result<_, _>>()?;
-            if flags.len() != num_layers {
-                return Err(bad(format!(
-                    "{} flags for {num_layers} layers",
-                    flags.len()
-                )));
-            }
-            flags
-        }
-        _ => {
-            let period = optional_uint(file, pattern_key)?.unwrap_or(PERIOD);
-            if period == 0 {
-                return Err(bad("a period of 0".into()));
-            }
-            (0..num_layers).map(|i| (i + 1) % period != 0).collect()
-        }
-    };
     if size == 0 {
-        return Err(ModelError::BadMetadata {
-            key: "gemma3.attention.sliding_window".into(),
-            message: "a window of 0 positions".into(),
-        });
+        return Err(bad(
+            "gemma3.attention.sliding_window",
+            "a window of 0 positions",
+        ));
+    }
+    let pattern_key = "gemma3.attention.sliding_window_pattern";
+    let period = optional_uint(file, pattern_key)?.unwrap_or(PERIOD);
+    if period == 0 {
+        return Err(bad(pattern_key, "a period of 0"));
     }
     Ok(SlidingWindow {
         size,
-        local_layers,
+        local_layers: (0..num_layers).map(|i| (i + 1) % period != 0).collect(),
         rope_theta: optional_float(file, "gemma3.rope.freq_base_swa")?.unwrap_or(LOCAL_ROPE_THETA),
     })
 }

@@ -140,8 +140,7 @@ impl Model {
             q_start += seq.tokens.len();
         }
         let mut x = embed(batch, &self.weights.token_embedding, c.vocab_size, d)?;
-        if c.architecture == Architecture::Gemma3 {
-            let scale = (d as f32).sqrt();
+        if let Some(scale) = c.architecture.embedding_scale(d) {
             x.iter_mut().for_each(|v| *v *= scale);
         }
 

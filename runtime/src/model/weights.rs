@@ -1,8 +1,9 @@
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 use super::config::{Architecture, ModelConfig};
 use super::error::ModelError;
 use super::file::ModelFile;
-use std::cell::RefCell;
-
 use super::weight::{needs_fast_type, QuantizeTo, Weight};
 
 /// Weights of one transformer block (llama.cpp tensor names `blk.N.*`).
@@ -53,20 +54,18 @@ impl ModelWeights {
         let d = config.hidden_size;
         let q_width = config.num_heads * config.head_dim;
         let kv_width = config.kv_width();
-        // Block types re-quantised to Q8_0 because no `quantize` was given: (type, count).
-        let made_fast: RefCell<Vec<(String, usize)>> = RefCell::default();
+        // Matrices re-quantised to Q8_0 because no `quantize` was given, by stored type.
+        let made_fast: RefCell<BTreeMap<String, usize>> = RefCell::default();
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight, ModelError> {
             let w = Weight::load(file, name)?;
             expect_shape(&w, rows, cols)?;
             match quantize {
                 Some(q) => w.requantize(q),
                 None if needs_fast_type(w.dtype()) => {
-                    let kind = format!("{:?}", w.dtype());
-                    let mut seen = made_fast.borrow_mut();
-                    match seen.iter_mut().find(|(k, _)| *k == kind) {
-                        Some((_, n)) => *n += 1,
-                        None => seen.push((kind, 1)),
-                    }
+                    *made_fast
+                        .borrow_mut()
+                        .entry(format!("{:?}", w.dtype()))
+                        .or_default() += 1;
                     w.requantize(QuantizeTo::Q8_0)
                 }
                 None => Ok(w),
@@ -102,14 +101,15 @@ impl ModelWeights {
                 w_gate: matrix(&p("ffn_gate.weight"), config.ffn_size, d)?,
                 w_up: matrix(&p("ffn_up.weight"), config.ffn_size, d)?,
                 w_down: matrix(&p("ffn_down.weight"), d, config.ffn_size)?,
-                gemma: match config.architecture.gemma_norms() {
-                    true => Some(GemmaNorms {
+                gemma: if config.architecture.gemma_norms() {
+                    Some(GemmaNorms {
                         q: vector(&p("attn_q_norm.weight"), config.head_dim)?,
                         k: vector(&p("attn_k_norm.weight"), config.head_dim)?,
                         post_attention: vector(&p("post_attention_norm.weight"), d)?,
                         post_ffn: vector(&p("post_ffw_norm.weight"), d)?,
-                    }),
-                    false => None,
+                    })
+                } else {
+                    None
                 },
             });
         }

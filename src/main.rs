@@ -33,6 +33,8 @@ enum Command {
     Gateway(cli::gateway::GatewayArgs),
     /// Tenants, API keys, budgets and rate limits in the ledger.
     Keys(cli::keys::KeysArgs),
+    /// Publish, list and remove the models the gateway serves, without a controller.
+    Models(cli::models::ModelsArgs),
     /// The whole platform in one process: API, queue, metering and workers that scale to
     /// zero. No Kubernetes, PostgreSQL or Redis needed.
     Up(cli::up::UpArgs),
@@ -52,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crd(args) => cli::crd::run(args),
         Command::Gateway(args) => cli::gateway::run(args),
         Command::Keys(args) => cli::keys::run(args),
+        Command::Models(args) => cli::models::run(args),
         Command::Up(args) => cli::up::run(args),
         Command::Status(args) => cli::status::run(args),
     }

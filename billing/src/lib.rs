@@ -40,7 +40,8 @@ pub use access::{Principal, Role};
 pub use error::{Error, Result};
 pub use invoice::{Invoice, InvoiceLine, InvoiceStatus};
 pub use ledger::{
-    BudgetStatus, FleetUsage, IngestOutcome, IssuedKey, KeyInfo, Ledger, LedgerOptions, Tenant,
+    BudgetStatus, FleetUsage, HoldOutcome, HoldRequest, IngestOutcome, IssuedKey, KeyInfo, Ledger,
+    LedgerOptions, Tenant,
 };
 pub use money::TokenKind;
 pub use period::{Month, Period};

@@ -205,6 +205,16 @@ pub struct Totals {
 }
 
 impl Totals {
+    /// One segment's tokens.
+    pub fn of_record(r: &UsageRecord) -> Totals {
+        Totals {
+            segments: 1,
+            input_tokens: r.tokens(TokenKind::Input),
+            cached_input_tokens: r.tokens(TokenKind::CachedInput),
+            output_tokens: r.tokens(TokenKind::Output),
+        }
+    }
+
     /// Tokens of one kind.
     pub fn of(&self, kind: TokenKind) -> i64 {
         match kind {
@@ -254,12 +264,7 @@ pub fn aggregate(records: &[PricedRecord]) -> Result<Deltas, Error> {
     let mut deltas = Deltas::default();
     for p in records {
         let r = &p.record;
-        let t = Totals {
-            segments: 1,
-            input_tokens: r.tokens(TokenKind::Input),
-            cached_input_tokens: r.tokens(TokenKind::CachedInput),
-            output_tokens: r.tokens(TokenKind::Output),
-        };
+        let t = Totals::of_record(r);
         let key = DailyKey {
             tenant: r.tenant.clone(),
             model: r.model.clone(),

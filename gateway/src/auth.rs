@@ -1,9 +1,15 @@
 //! Who is calling: tenant API keys (through the ledger, briefly cached) and the admin token.
 //!
 //! Keys are verified by [`tidal_billing::Ledger::authenticate`] (stored as SHA-256, compared
-//! in constant time). A verified key is remembered for `cache_ttl` under the SHA-256 of the
-//! presented secret, so the hot path usually skips the database; revoking a key through this
-//! gateway's admin API forgets every cached key at once.
+//! in constant time). A verified key is remembered under the SHA-256 of the presented secret
+//! ([`crate::cache::KeyCache`]), so the hot path usually skips the database:
+//!
+//! - fresh (checked less than `cache_ttl` ago): used without asking the ledger;
+//! - otherwise the ledger is asked; if it refuses the key (unknown, revoked), the key is
+//!   forgotten for good; revoking through this gateway's admin API forgets it at once;
+//! - if the ledger cannot be asked (breaker open, error, `ledger_timeout`), the key is used
+//!   only if its last successful check began less than `max_stale` ago, else 503. Never
+//!   fails open: a key never seen valid, or refused since, gets 401 or 503, never 200.
 
 use axum::http::{header, HeaderMap};
 use sha2::{Digest, Sha256};
@@ -12,7 +18,9 @@ use tidal_billing::http::bearer_token;
 use tidal_billing::Principal;
 use tidal_protocol::ApiError;
 
-use crate::error::Reject;
+use crate::breaker::LedgerFault;
+use crate::cache::KeyDigest;
+use crate::error::{ledger_unavailable, Reject};
 use crate::gateway::Shared;
 
 fn presented(headers: &HeaderMap) -> Option<&str> {
@@ -31,22 +39,23 @@ pub(crate) async fn principal(shared: &Shared, headers: &HeaderMap) -> Result<Pr
         )
         .into());
     };
-    let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    let digest: KeyDigest = Sha256::digest(key.as_bytes()).into();
     if let Some(p) = shared.keys.fresh(&digest) {
         return Ok(p);
     }
-    match shared.ledger.authenticate(key).await {
+    let check = shared.keys.begin(digest);
+    match shared.ask_ledger(shared.ledger.authenticate(key)).await {
         Ok(Some(p)) => {
-            shared.keys.put(digest, p.clone());
+            check.valid(p.clone());
             Ok(p)
         }
-        Ok(None) => Err(ApiError::unauthorized("Incorrect or revoked API key provided.").into()),
-        Err(e) if e.is_transient() => match shared.keys.stale(&digest) {
-            // The ledger is down: a key verified before keeps working meanwhile.
-            Some(p) => Ok(p),
-            None => Err(e.into()),
-        },
-        Err(e) => Err(e.into()),
+        Ok(None) => {
+            check.refused();
+            Err(ApiError::unauthorized("Incorrect or revoked API key provided.").into())
+        }
+        // The ledger cannot be asked: a key verified recently enough keeps working meanwhile.
+        Err(LedgerFault::Unavailable) => shared.keys.stale(&digest).ok_or_else(ledger_unavailable),
+        Err(LedgerFault::Failed(e)) => Err(e.into()),
     }
 }
 

@@ -41,6 +41,14 @@ impl From<ApiError> for Reject {
     }
 }
 
+/// 503 + `Retry-After` when the ledger cannot be asked and no bounded cache entry answers.
+pub(crate) fn ledger_unavailable() -> Reject {
+    Reject::retry(
+        ApiError::unavailable("The ledger is unavailable; retry later."),
+        1,
+    )
+}
+
 impl From<tidal_billing::Error> for Reject {
     fn from(e: tidal_billing::Error) -> Self {
         use tidal_billing::Error as E;
@@ -50,10 +58,7 @@ impl From<tidal_billing::Error> for Reject {
             E::Forbidden(m) => ApiError::forbidden(m).into(),
             e if e.is_transient() => {
                 tracing::warn!(error = %e, "ledger unavailable");
-                Reject::retry(
-                    ApiError::unavailable("The ledger is unavailable; retry later."),
-                    1,
-                )
+                ledger_unavailable()
             }
             e => {
                 tracing::error!(error = %e, "ledger failure");

@@ -7,8 +7,9 @@
 //! `max_tokens` words (`finish_reason: "length"`, else `"stop"`). Prompt tokens are the words
 //! of every message (or the prompt's token ids). A request for log-probabilities gets one
 //! entry per word: the piece as its token, log-probability `-(i + 1) / 10` for the i-th word
-//! (from 0), no alternatives. It honours cancel flags between words and resumes re-enqueued
-//! jobs after the words already delivered.
+//! (from 0), no alternatives. It honours cancel flags between words as a runtime worker
+//! does (bills the prompt and the words up to the seq the client was handed, writes
+//! `cancelled`, acks) and resumes re-enqueued jobs after the words already delivered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -225,12 +226,41 @@ pub async fn serve(
         .resume
         .as_ref()
         .map_or((0, 0), |r| (r.token_ids.len(), r.last_seq));
+    let first_seq = seq + 1;
+    let usage_event = |completion_tokens: u64| UsageEvent {
+        request_id: job.id,
+        segment: claimed.segment(),
+        tenant: job.tenant.clone(),
+        model: job.model.clone(),
+        prompt_tokens: if job.resume.is_some() {
+            0
+        } else {
+            out.prompt_tokens
+        },
+        cached_prompt_tokens: 0,
+        completion_tokens,
+        worker: cfg.consumer.clone(),
+        capacity_type: CapacityType::OnDemand,
+        started_at_ms: started,
+        ended_at_ms: system_now_ms(),
+    };
     let mut delivered = 0u64;
     for (i, piece) in out.pieces.iter().enumerate().skip(skip) {
         if !cfg.token_delay.is_zero() {
             tokio::time::sleep(cfg.token_delay).await;
-            if broker.is_cancelled(job.id).await? {
-                return finish(broker, claimed, None).await;
+            let flag = broker.cancelled(&[job.id]).await?.into_iter().next();
+            if let Some(Some(handed)) = flag {
+                // One word per delta: the words of seqs first_seq..=handed reached the client.
+                let words = (handed.min(seq) + 1).saturating_sub(first_seq);
+                broker.publish_usage(&usage_event(words)).await?;
+                let cancelled = ResponseEvent::Error {
+                    seq: seq + 1,
+                    status: 499,
+                    code: "cancelled".into(),
+                    param: None,
+                    message: "the request was cancelled".into(),
+                };
+                return finish(broker, claimed, Some(cancelled)).await;
             }
         }
         seq += 1;
@@ -273,25 +303,7 @@ pub async fn serve(
         Ok(()) | Err(QueueError::SeqConflict { .. } | QueueError::ResponseFinished { .. }) => {}
         Err(e) => return Err(e),
     }
-    broker
-        .publish_usage(&UsageEvent {
-            request_id: job.id,
-            segment: claimed.segment(),
-            tenant: job.tenant.clone(),
-            model: job.model.clone(),
-            prompt_tokens: if job.resume.is_some() {
-                0
-            } else {
-                out.prompt_tokens
-            },
-            cached_prompt_tokens: 0,
-            completion_tokens: delivered,
-            worker: cfg.consumer.clone(),
-            capacity_type: CapacityType::OnDemand,
-            started_at_ms: started,
-            ended_at_ms: system_now_ms(),
-        })
-        .await?;
+    broker.publish_usage(&usage_event(delivered)).await?;
     finish(broker, claimed, None).await
 }
 

@@ -10,7 +10,8 @@ use tidal_billing::{Ledger, Principal};
 use tidal_queue::{Broker, ModelRecord};
 use tokio::sync::watch;
 
-use crate::cache::TtlCache;
+use crate::breaker::{guard, Breaker, LedgerFault};
+use crate::cache::{KeyCache, TtlCache};
 use crate::config::GatewayConfig;
 use crate::error::Reject;
 use crate::limits::RateLimiter;
@@ -20,6 +21,8 @@ use crate::limits::RateLimiter;
 pub(crate) struct Policy {
     pub limits: RateLimits,
     pub budget_exhausted: bool,
+    /// Whether the tenant has a budget: its requests then hold their worst case.
+    pub has_budget: bool,
 }
 
 /// State shared by all routes and in-flight requests.
@@ -29,11 +32,15 @@ pub(crate) struct Shared {
     pub limiter: Arc<dyn RateLimiter>,
     pub config: GatewayConfig,
     /// Verified keys by SHA-256 of the presented secret.
-    pub keys: TtlCache<[u8; 32], Principal>,
+    pub keys: KeyCache,
     /// Tenant policies by tenant id.
     pub policies: TtlCache<String, Policy>,
     /// Model records by id (only models that exist: an unknown one is asked for each time).
     pub models: TtlCache<String, ModelRecord>,
+    /// Skips the ledger on the request path while it is failing ([`crate::breaker`]).
+    pub breaker: Breaker,
+    /// Turns to read a request body ([`GatewayConfig::body_reads`]).
+    pub body_reads: tokio::sync::Semaphore,
     /// Set when the process is stopping: requests still in flight are left running (their
     /// clients reattach through another replica) instead of being cancelled, and those still
     /// waiting for their first event are answered at once with their request id.
@@ -46,32 +53,49 @@ impl Shared {
         self.config.clock.now_ms()
     }
 
-    /// The tenant's limits and budget state (cached; a stale entry is used while the ledger
-    /// is unreachable).
+    /// Now, from the configured clock.
+    pub fn now_utc(&self) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(self.now_ms() as i64).unwrap_or_else(chrono::Utc::now)
+    }
+
+    /// The tenant's limits and budget state (cached; while the ledger cannot be asked, an
+    /// entry younger than `max_stale` is used, else 503).
     pub async fn policy(&self, principal: &Principal) -> Result<Policy, Reject> {
         let tenant = &principal.tenant;
         if let Some(p) = self.policies.fresh(tenant) {
             return Ok(p);
         }
-        let now = chrono::DateTime::from_timestamp_millis(self.now_ms() as i64)
-            .unwrap_or_else(chrono::Utc::now);
-        let fetched = async {
-            let limits = self.ledger.rate_limits(tenant).await?;
-            let budget = self.ledger.budget_status(principal, tenant, now).await?;
-            Ok::<_, tidal_billing::Error>(Policy {
-                limits,
-                budget_exhausted: budget.exhausted,
+        let now = self.now_utc();
+        let fetched = self
+            .ask_ledger(async {
+                let limits = self.ledger.rate_limits(tenant).await?;
+                let budget = self.ledger.budget_status(principal, tenant, now).await?;
+                Ok::<_, tidal_billing::Error>(Policy {
+                    limits,
+                    budget_exhausted: budget.exhausted,
+                    has_budget: budget.budget_micros.is_some(),
+                })
             })
-        }
-        .await;
+            .await;
         match fetched {
             Ok(p) => {
                 self.policies.put(tenant.clone(), p);
                 Ok(p)
             }
-            Err(e) if e.is_transient() => self.policies.stale(tenant).ok_or_else(|| e.into()),
-            Err(e) => Err(e.into()),
+            Err(LedgerFault::Unavailable) => self
+                .policies
+                .stale(tenant)
+                .ok_or_else(crate::error::ledger_unavailable),
+            Err(LedgerFault::Failed(e)) => Err(e.into()),
         }
+    }
+
+    /// Runs a ledger read of the request path through the breaker, within `ledger_timeout`.
+    pub async fn ask_ledger<T>(
+        &self,
+        read: impl std::future::Future<Output = Result<T, tidal_billing::Error>>,
+    ) -> Result<T, LedgerFault> {
+        guard(&self.breaker, self.config.ledger_timeout, read).await
     }
 
     /// Whether in-flight requests should be left running when their client goes away.
@@ -110,16 +134,21 @@ impl Gateway {
         limiter: Arc<dyn RateLimiter>,
         config: GatewayConfig,
     ) -> Self {
-        let ttl = config.cache_ttl;
+        let (ttl, max_stale) = (config.cache_ttl, config.max_stale);
+        let breaker = Breaker::new(config.breaker_open);
+        let body_reads = tokio::sync::Semaphore::new(config.body_reads.max(1));
         Gateway {
             shared: Arc::new(Shared {
                 broker,
                 ledger,
                 limiter,
                 config,
-                keys: TtlCache::new(ttl),
-                policies: TtlCache::new(ttl),
-                models: TtlCache::new(ttl),
+                keys: KeyCache::new(ttl, max_stale),
+                policies: TtlCache::new(ttl, max_stale),
+                // Model records come from the broker: no fallback past their ttl.
+                models: TtlCache::new(ttl, ttl),
+                breaker,
+                body_reads,
                 detached: watch::Sender::new(false),
             }),
         }

@@ -3,7 +3,9 @@
 //!
 //! A request goes: request id (UUIDv7, the job id; `x-request-id` header and the `request`
 //! span of every log line) → API key ([`tidal_billing::Ledger::authenticate`], cached
-//! briefly) → body checks ([`tidal_protocol::job::JobRequest::validate`]) → budget (402) and
+//! briefly; while the ledger is unreachable, a circuit breaker skips it and a key checked
+//! within `max_stale` is taken from the cache) → body (read only now, capped per route) →
+//! body checks ([`tidal_protocol::job::JobRequest::validate`]) → budget (402) and
 //! rate limits (429 + `Retry-After`, [`limits`]) → model record (404 `model_not_found`) →
 //! backlog cap (503 + `Retry-After`) → enqueue with `deadline = now + max queue wait` and
 //! record its owner in the broker → read its response stream (blocking reads) → JSON or SSE.
@@ -19,11 +21,13 @@
 mod admission;
 mod auth;
 pub mod bench;
+mod breaker;
 mod cache;
 mod config;
 mod error;
 pub mod fake_worker;
 mod gateway;
+mod hold;
 pub mod limits;
 pub mod metrics;
 mod relay;

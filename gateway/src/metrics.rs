@@ -11,6 +11,8 @@
 //!   withdrawn after max queue wait or on disconnect, and jobs cancelled while running.
 //! - `tidal_gateway_rate_limited_total{limit}`; `tidal_gateway_limiter_failures_total`
 //!   (the limiter's store failed and the request was let through).
+//! - `tidal_gateway_budget_refused_total`: requests whose worst case did not fit the tenant's
+//!   budget beside its spend and holds (402).
 
 use std::time::Duration;
 
@@ -34,6 +36,9 @@ pub const CANCELLED: &str = "tidal_gateway_cancelled_total";
 pub const RATE_LIMITED: &str = "tidal_gateway_rate_limited_total";
 /// Rate-limiter failures (fail open).
 pub const LIMITER_FAILURES: &str = "tidal_gateway_limiter_failures_total";
+
+/// Requests refused because their worst case did not fit the budget.
+pub const BUDGET_REFUSED: &str = "tidal_gateway_budget_refused_total";
 
 /// Counts an error response by its code (or status when it has none).
 pub fn error(e: &ApiError) {
@@ -80,4 +85,9 @@ pub fn rate_limited(limit: &'static str) {
 /// Counts a rate-limiter failure.
 pub fn limiter_failed() {
     metrics::counter!(LIMITER_FAILURES).increment(1);
+}
+
+/// Counts a request refused by its tenant's budget.
+pub fn budget_refused() {
+    metrics::counter!(BUDGET_REFUSED).increment(1);
 }

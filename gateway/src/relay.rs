@@ -6,8 +6,10 @@
 //! `Finished` after the terminal event was delivered, or after the request was withdrawn or
 //! given up. Dropping a [`Tracked`] that is not `Finished` (client disconnected: hyper drops
 //! the handler future or the SSE body) withdraws the job if it has not started, else sets
-//! its cancel flag; either way its records go and its idempotency key (if any) is freed, so
-//! a retry runs afresh. When the gateway is stopping
+//! its cancel flag to the seq of the last event handed to the client, which is what its
+//! worker bills up to (the response stream stays for that worker; it expires); either way
+//! its record goes and its idempotency key (if any) is freed, so a retry runs afresh. When
+//! the gateway is stopping
 //! ([`crate::Gateway::detach_in_flight`]) nothing is cancelled: the client may reattach.
 
 use std::collections::VecDeque;
@@ -19,8 +21,10 @@ use tidal_queue::{EntryId, RequestRecord, ResponseEvent, Withdrawal};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::admission::settle_hold;
 use crate::error::Reject;
 use crate::gateway::Shared;
+use crate::hold::HoldTerms;
 use crate::metrics;
 
 /// Events read per broker call.
@@ -50,6 +54,15 @@ pub(crate) struct Tracked {
     /// When we began waiting (for the queue-wait metric).
     since: Instant,
     last_event: Instant,
+    /// Its budget hold's terms, while it has a hold to settle.
+    hold: Option<HoldTerms>,
+    /// Completion tokens handed to the client so far.
+    delivered_tokens: u64,
+    /// Where reading began: the client had the events up to this seq before.
+    start_seq: u64,
+    /// The answer is one body sent at the end ([`Tracked::answer_whole`]), so events read
+    /// are not handed to the client as they come.
+    whole_body: bool,
 }
 
 impl Tracked {
@@ -71,6 +84,62 @@ impl Tracked {
             idempotency_key: record.idempotency.as_ref().map(|i| i.key.clone()),
             since: now,
             last_event: now,
+            hold: None,
+            delivered_tokens: 0,
+            start_seq: after_seq,
+            whole_body: false,
+        }
+    }
+
+    /// The answer is one body written after the last event: until then the client is handed
+    /// nothing, so a client gone before it is billed no completion token.
+    pub fn answer_whole(&mut self) {
+        self.whole_body = true;
+    }
+
+    /// The seq of the last response event handed to the client's connection: what a cancel
+    /// bills up to ([`tidal_queue::Broker::cancel`]).
+    fn handed_seq(&self) -> u64 {
+        if self.whole_body {
+            self.start_seq
+        } else {
+            self.last_seq
+        }
+    }
+
+    /// This request holds budget on `hold`'s terms: settled when it ends.
+    pub fn holding(mut self, hold: Option<HoldTerms>) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// Settles the budget hold (once) at `cost_pico`, what the request may still bill;
+    /// `stopped` as in [`settle_hold`].
+    fn settle(&mut self, stopped: bool, cost_pico: impl FnOnce(&HoldTerms) -> i128) {
+        if let Some(terms) = self.hold.take() {
+            settle_hold(&self.shared, self.id, cost_pico(&terms), stopped);
+        }
+    }
+
+    /// Completion tokens the client was handed: what a stopped request's worker bills.
+    fn handed_tokens(&self) -> u64 {
+        if self.whole_body {
+            0
+        } else {
+            self.delivered_tokens
+        }
+    }
+
+    /// Settles the hold of a request that ends with `ev`: exactly on `done`, nothing for a
+    /// refusal before any token, else at most what was delivered.
+    fn settle_terminal(&mut self, ev: &ResponseEvent) {
+        let delivered = self.delivered_tokens;
+        match ev {
+            ResponseEvent::Done { usage, .. } => self.settle(false, |t| t.final_pico(usage)),
+            ResponseEvent::Error { status, .. } if delivered == 0 && *status < 500 => {
+                self.settle(false, |_| 0)
+            }
+            _ => self.settle(true, |t| t.stopped_pico(delivered)),
         }
     }
 
@@ -90,7 +159,11 @@ impl Tracked {
         loop {
             if let Some(ev) = self.buf.pop_front() {
                 self.last_seq = ev.seq();
+                if let ResponseEvent::Delta { token_ids, .. } = &ev {
+                    self.delivered_tokens += token_ids.len() as u64;
+                }
                 if ev.is_terminal() {
+                    self.settle_terminal(&ev);
                     self.finish();
                 }
                 return Ok(ev);
@@ -111,6 +184,7 @@ impl Tracked {
                         metrics::queue_wait(&self.model, self.since.elapsed());
                         metrics::withdrawn(&self.model);
                         tracing::info!(model = %self.model, "max queue wait passed; job withdrawn");
+                        self.settle(false, |_| 0);
                         // Ended without an answer: a retry with its key runs afresh.
                         self.end(true);
                         return Err(Reject::retry(
@@ -228,9 +302,7 @@ impl Tracked {
         let (shared, id) = (self.shared.clone(), self.id);
         tokio::spawn(async move {
             release(&shared, id, key).await;
-            if let Err(e) = shared.broker.forget_request(id).await {
-                tracing::debug!(error = %e, %id, "forgetting a request failed (its keys expire)");
-            }
+            forget(&shared, id).await;
         });
     }
 
@@ -240,8 +312,9 @@ impl Tracked {
         Some((self.tenant.clone(), key))
     }
 
-    /// Stops the request (client gone, or given up): withdraw it if it has not started,
-    /// else cancel it; then forget it and free its idempotency key.
+    /// Stops the request (client gone, or given up): free its idempotency key, then withdraw
+    /// and forget it if it has not started, else cancel it with the last seq handed to the
+    /// client, so its worker bills exactly the tokens delivered.
     fn abandon(&mut self) {
         if self.phase == Phase::Finished {
             return;
@@ -250,6 +323,10 @@ impl Tracked {
         self.phase = Phase::Finished;
         metrics::in_flight(-1.0);
         let key = self.key_to_release();
+        // Settled after the withdraw tells whether it ever ran.
+        let handed_tokens = self.handed_tokens();
+        let stopped = self.hold.take().map(|t| t.stopped_pico(handed_tokens));
+        let handed = self.handed_seq();
         let shared = self.shared.clone();
         let (id, model, entry) = (self.id, self.model.clone(), self.entry.clone());
         tokio::spawn(async move {
@@ -271,15 +348,47 @@ impl Tracked {
             } else {
                 true
             };
+            if let Some(stopped) = stopped {
+                if started {
+                    settle_hold(&shared, id, stopped, true);
+                } else {
+                    settle_hold(&shared, id, 0, false);
+                }
+            }
             if started {
-                match shared.broker.cancel(id).await {
+                // Forgets the record but keeps the response stream: the worker ends it and
+                // bills from it the tokens up to `handed`, the last seq the client was handed.
+                match shared.broker.cancel(id, handed).await {
                     Ok(()) => metrics::cancelled(&model),
                     Err(e) => tracing::warn!(error = %e, %id, "cancelling an abandoned job failed"),
                 }
+            } else {
+                forget(&shared, id).await;
             }
-            let _ = shared.broker.forget_request(id).await;
             tracing::info!(%id, started, "client gone; job stopped");
         });
+    }
+}
+
+/// Forgets request `id` (its record and response stream), retrying through a broker outage
+/// for up to `broker_retry`: a request left recorded could be read again (reattached) by its
+/// tenant until the record expires.
+async fn forget(shared: &Shared, id: Uuid) {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match shared.broker.forget_request(id).await {
+            Ok(_) => return,
+            Err(e) if started.elapsed() >= shared.config.broker_retry => {
+                tracing::warn!(error = %e, %id, "forgetting a request failed; its keys expire");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, %id, "forgetting a request failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
     }
 }
 

@@ -112,6 +112,7 @@ pub(crate) async fn collect(
     meta: ResponseMeta,
     logprobs: bool,
 ) -> Result<Response, Reject> {
+    tracked.answer_whole();
     let mut text = String::new();
     let mut tokens = Vec::new();
     let Some(mut ev) = tracked.next_unless_detached().await? else {

@@ -724,7 +724,94 @@ async fn streaming_client_disconnect_cancels_the_job() {
         async move { b.request(id).await.unwrap().is_none() }
     })
     .await;
+    // The worker bills the prompt and one token per word the client was handed: at least
+    // the two it read, none it was not.
     w.stop().await;
+    let handed = h.broker.cancelled(&[id]).await.unwrap()[0].unwrap();
+    assert!(handed >= 2, "{handed}");
+    let usage = tidal_queue::testing::drain_usage(&*h.broker).await;
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    assert_eq!((usage[0].request_id, usage[0].prompt_tokens), (id, 50));
+    assert_eq!(usage[0].completion_tokens, handed);
+    h.stop().await;
+}
+
+/// A client that goes away is billed for what it was handed, no more: the cancel carries
+/// the seq of the last event the gateway relayed to it (none for a whole-body answer, sent
+/// only at the end), the record goes, and the response stream stays so that the worker can
+/// end it and bill from it.
+#[tokio::test]
+async fn a_cancel_carries_the_last_seq_handed_to_the_client() {
+    let h = Harness::start().await;
+    h.put_model("manual", 30_000, 0).await;
+    for stream in [true, false] {
+        let body = json!({"model": "manual", "stream": stream,
+            "messages": [{"role": "user", "content": "x"}]})
+        .to_string();
+        let client = {
+            let (http, url, key) = (
+                h.http.clone(),
+                format!("{}/v1/chat/completions", h.base),
+                h.key.clone(),
+            );
+            tokio::spawn(async move {
+                let req = http
+                    .post(url)
+                    .bearer_auth(key)
+                    .header("content-type", "application/json")
+                    .body(body);
+                if stream {
+                    let r = req.send().await.unwrap();
+                    // the role chunk, then the three deltas
+                    let (events, open) = read_events(r, 4).await;
+                    assert_eq!(chunk_text(&events), "abc");
+                    drop(open);
+                } else {
+                    // Gives up while the answer is still being generated.
+                    let r = req.timeout(Duration::from_secs(2)).send().await;
+                    assert!(r.is_err(), "the client gave up");
+                }
+            })
+        };
+        let job = claim_one(&*h.broker, "manual").await;
+        let id = job.job.id;
+        for (seq, piece) in (1..).zip(["a", "b", "c"]) {
+            h.broker
+                .append_response(id, &ResponseEvent::delta(seq, piece, vec![seq as u32]))
+                .await
+                .unwrap();
+        }
+        client.await.unwrap();
+        let b = h.broker.clone();
+        eventually("cancel flag set", || {
+            let b = b.clone();
+            async move { b.is_cancelled(id).await.unwrap() }
+        })
+        .await;
+        let handed = if stream { 3 } else { 0 };
+        assert_eq!(h.broker.cancelled(&[id]).await.unwrap(), vec![Some(handed)]);
+        assert_eq!(
+            h.broker.request(id).await.unwrap(),
+            None,
+            "record forgotten"
+        );
+        let kept = h
+            .broker
+            .read_responses(id, 0, 10, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(kept.len(), 3, "the stream stays for the worker: {kept:?}");
+        // The worker ends the stream it went on writing, and acks.
+        let cancelled = ResponseEvent::Error {
+            seq: 4,
+            status: 499,
+            code: "cancelled".into(),
+            param: None,
+            message: "the request was cancelled".into(),
+        };
+        h.broker.append_response(id, &cancelled).await.unwrap();
+        h.broker.ack(&job).await.unwrap();
+    }
     h.stop().await;
 }
 

@@ -41,6 +41,34 @@ async fn exercise(ledger: &Ledger) {
         ledger.set_rate_limits("acme", bad).await,
         Err(Error::Invalid(_))
     ));
+    // Malformed ids and names are refused before the database sees them (PostgreSQL
+    // would fail on a NUL byte as a database error, a 503 at the API).
+    let op = tidal_billing::Principal::operator();
+    for bad in ["a\0b", "Acme", ""] {
+        let invalid = |r: Result<(), Error>| matches!(r, Err(Error::Invalid(_)));
+        assert!(invalid(ledger.tenant(&op, bad).await.map(drop)), "{bad:?}");
+        assert!(invalid(ledger.rate_limits(bad).await.map(drop)), "{bad:?}");
+        assert!(invalid(ledger.set_budget(bad, Some(1)).await), "{bad:?}");
+        assert!(invalid(ledger.set_rate_limits(bad, l).await), "{bad:?}");
+        let key = ledger
+            .issue_key(bad, tidal_billing::Role::Tenant, now)
+            .await;
+        assert!(invalid(key.map(drop)), "{bad:?}");
+        assert!(
+            invalid(ledger.list_keys(&op, bad).await.map(drop)),
+            "{bad:?}"
+        );
+        let status = ledger.budget_status(&op, bad, now).await;
+        assert!(invalid(status.map(drop)), "{bad:?}");
+    }
+    for name in ["a\0b", "line\nbreak", ""] {
+        let r = ledger.create_tenant("named", name, now).await;
+        assert!(matches!(r, Err(Error::Invalid(_))), "{name:?}");
+    }
+    assert!(matches!(
+        ledger.revoke_key("a\0b", now).await,
+        Err(Error::NotFound(_))
+    ));
     let all = ledger.tenant_settings().await.unwrap();
     assert_eq!(all.len(), 2);
     assert_eq!((all[0].tenant.id.as_str(), all[0].limits), ("acme", l2));

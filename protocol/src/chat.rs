@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::number;
 use crate::params::{validate_max_tokens, SamplingFields};
 use crate::usage::Usage;
 
@@ -36,9 +37,12 @@ pub struct ChatMessage {
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub max_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub top_logprobs: Option<i64>,
     #[serde(flatten)]
     pub sampling: SamplingFields,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::number;
 use crate::params::{validate_max_tokens, SamplingFields};
 use crate::usage::Usage;
 
@@ -13,9 +14,9 @@ use crate::usage::Usage;
 #[serde(untagged)]
 pub enum PromptField {
     Text(String),
-    Tokens(Vec<u32>),
+    Tokens(#[serde(deserialize_with = "number::int_list")] Vec<u32>),
     Texts(Vec<String>),
-    TokenLists(Vec<Vec<u32>>),
+    TokenLists(#[serde(deserialize_with = "number::int_lists")] Vec<Vec<u32>>),
 }
 
 /// A prompt after validation.
@@ -30,10 +31,13 @@ pub enum Prompt {
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: PromptField,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub max_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub logprobs: Option<i64>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub best_of: Option<i64>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
@@ -155,6 +159,15 @@ mod tests {
         assert_eq!(
             req(r#"{"model":"m","prompt":["hi"]}"#).prompt().unwrap(),
             Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            req(r#"{"model":"m","prompt":[1.0,2e0]}"#).prompt().unwrap(),
+            Prompt::Tokens(vec![1, 2]),
+            "integral floats are token ids"
+        );
+        assert_eq!(
+            req(r#"{"model":"m","prompt":[[3.0]]}"#).prompt().unwrap(),
+            Prompt::Tokens(vec![3])
         );
         assert!(req(r#"{"model":"m","prompt":["a","b"]}"#).prompt().is_err());
         assert!(req(r#"{"model":"m","prompt":""}"#).prompt().is_err());

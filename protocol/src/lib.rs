@@ -6,6 +6,7 @@ pub mod completion;
 pub mod error;
 pub mod job;
 pub mod models;
+pub mod number;
 pub mod params;
 pub mod render;
 pub mod usage;

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+use crate::number;
 
 /// `stop`: one string or a list of up to four.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -22,19 +23,27 @@ pub struct StreamOptions {
 /// Fields common to both completion endpoints, flattened into each request type.
 /// `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids` and `ignore_eos` are the usual
 /// extensions of open-model servers (vLLM, llama.cpp).
+///
+/// Numbers are read as the OpenAPI document types them: floats as `f64`, so a range is
+/// checked on the value sent, not on its `f32` rounding; integers also as integral floats
+/// ([`crate::number`]).
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 pub struct SamplingFields {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub repetition_penalty: Option<f32>,
+    pub min_p: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub seed: Option<i64>,
     pub stop: Option<StopField>,
+    #[serde(default, deserialize_with = "number::opt_int_list")]
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
+    #[serde(default, deserialize_with = "number::opt_int")]
     pub n: Option<i64>,
     #[serde(default)]
     pub stream: bool,
@@ -61,12 +70,13 @@ pub struct Sampling {
     pub top_logprobs: Option<usize>,
 }
 
+/// `value` (or `default`) checked against `[lo, hi]` as sent, then as the engine's `f32`.
 fn in_range(
     param: &str,
-    value: Option<f32>,
-    lo: f32,
-    hi: f32,
-    default: f32,
+    value: Option<f64>,
+    lo: f64,
+    hi: f64,
+    default: f64,
 ) -> Result<f32, ApiError> {
     let v = value.unwrap_or(default);
     if !v.is_finite() || v < lo || v > hi {
@@ -75,7 +85,20 @@ fn in_range(
             format!("`{param}` must be between {lo} and {hi}, got {v}"),
         ));
     }
-    Ok(v)
+    Ok(v as f32)
+}
+
+/// `value` (or `default`) in `(0, hi]`; a positive value too small for an `f32` is taken as
+/// the smallest positive normal `f32`, so it keeps its meaning (e.g. greedy for `top_p`).
+fn positive(param: &str, value: Option<f64>, hi: f64, default: f64) -> Result<f32, ApiError> {
+    let v = in_range(param, value, 0.0, hi, default)?;
+    if value.unwrap_or(default) == 0.0 {
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be greater than 0"),
+        ));
+    }
+    Ok(v.max(f32::MIN_POSITIVE))
 }
 
 impl SamplingFields {
@@ -89,10 +112,7 @@ impl SamplingFields {
                 ));
             }
         }
-        let top_p = in_range("top_p", self.top_p, 0.0, 1.0, 1.0)?;
-        if top_p == 0.0 {
-            return Err(ApiError::invalid("top_p", "`top_p` must be greater than 0"));
-        }
+        let top_p = positive("top_p", self.top_p, 1.0, 1.0)?;
         let top_k = match self.top_k {
             None | Some(-1) | Some(0) => 0,
             Some(k) if k > 0 => k as usize,
@@ -103,19 +123,8 @@ impl SamplingFields {
                 ))
             }
         };
-        let repetition_penalty = in_range(
-            "repetition_penalty",
-            self.repetition_penalty,
-            0.0,
-            10.0,
-            1.0,
-        )?;
-        if repetition_penalty == 0.0 {
-            return Err(ApiError::invalid(
-                "repetition_penalty",
-                "`repetition_penalty` must be greater than 0",
-            ));
-        }
+        let repetition_penalty =
+            positive("repetition_penalty", self.repetition_penalty, 10.0, 1.0)?;
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
@@ -212,6 +221,42 @@ mod tests {
             let err = fields(json).validate(None).unwrap_err();
             assert_eq!(err.status, 400, "{json}");
             assert_eq!(err.param.as_deref(), Some(param), "{json}");
+        }
+    }
+
+    #[test]
+    fn ranges_hold_for_the_value_sent_not_its_f32_rounding() {
+        // 5e-324 > 0 is a valid top_p though it rounds to 0 as an f32.
+        let s = fields(r#"{"top_p": 5e-324, "repetition_penalty": 1e-300}"#)
+            .validate(None)
+            .unwrap();
+        assert!(s.top_p > 0.0 && s.repetition_penalty > 0.0);
+        // 2.0000000001 > 2 though it rounds to 2 as an f32.
+        let e = fields(r#"{"temperature": 2.0000000001}"#)
+            .validate(None)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = fields(r#"{"top_p": 1.00000001}"#)
+            .validate(None)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_p"));
+    }
+
+    #[test]
+    fn integer_fields_take_integral_floats() {
+        let f = fields(r#"{"n": 1.0, "top_k": 4e1, "seed": -3.0, "stop_token_ids": [2.0]}"#);
+        assert_eq!((f.n, f.top_k, f.seed), (Some(1), Some(40), Some(-3)));
+        assert_eq!(f.stop_token_ids, Some(vec![2]));
+        assert!(f.validate(None).is_ok());
+        for json in [
+            r#"{"n": 1.5}"#,
+            r#"{"top_k": 0.1}"#,
+            r#"{"stop_token_ids": [-1]}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<SamplingFields>(json).is_err(),
+                "{json}"
+            );
         }
     }
 

@@ -17,10 +17,15 @@
 //!   the request to another worker (it was taken over) and must stop generating it.
 //!   A worker that takes over a job whose stream already ended gets
 //!   [`QueueError::ResponseFinished`] on its first append and should just ack the job.
-//! * **Ownership.** [`Broker::ack`] and [`Broker::requeue`] succeed only for the consumer that
-//!   holds the pending entry now ([`QueueError::NotOwner`] otherwise), so a worker presumed
-//!   dead cannot drop a job another worker took over. A live holder renews its entries with
-//!   [`Broker::keep_alive`] so that a long generation is never presumed dead.
+//! * **Ownership.** [`Broker::ack`], [`Broker::requeue`] and [`Broker::append_held`] succeed
+//!   only for the consumer that holds the pending entry now ([`QueueError::NotOwner`]
+//!   otherwise), so a worker presumed dead can neither drop a job another worker took over
+//!   nor write to its stream: it notices at its next write and stops. A live holder renews
+//!   its entries with [`Broker::keep_alive`] so that a long generation is never presumed dead.
+//! * **Takeover.** A job is taken over when its holder's heartbeat is stale
+//!   ([`Broker::take_over_dead`], seconds after a crash) or, for holders that never wrote
+//!   one, when it was not renewed for the claim timeout ([`Broker::take_over`]). Either way
+//!   the taker becomes the entry's holder atomically, so ownership fences the old one.
 //!
 //! [`QueueError::SeqConflict`]: crate::QueueError::SeqConflict
 //! [`QueueError::NotOwner`]: crate::QueueError::NotOwner
@@ -98,6 +103,21 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
         max: usize,
     ) -> Result<Vec<ClaimedJob>>;
 
+    /// Takes over up to `max` jobs of `model` pending for consumers whose heartbeat (see
+    /// [`Broker::heartbeat`]) is older than `dead_after` at `now_ms` ([`is_stale`]), whatever
+    /// their idle time: a worker that stopped beating is presumed dead. `consumer` never
+    /// takes its own jobs; consumers without a heartbeat are left to [`Broker::take_over`].
+    /// The jobs become pending for `consumer` with `attempt` raised, as with
+    /// [`Broker::take_over`]; a holder that was only late is fenced by the ownership rule.
+    async fn take_over_dead(
+        &self,
+        model: &str,
+        consumer: &str,
+        now_ms: u64,
+        dead_after: Duration,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>>;
+
     /// Tells the broker that the holder of `jobs` is alive and still working on them: each
     /// entry's idle time restarts, so [`Broker::take_over`] leaves it alone for another
     /// `min_idle` (Redis: `XCLAIM ... 0 <entry> JUSTID` by the same consumer, after an
@@ -139,6 +159,12 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Appends an event to request `id`'s response stream and renews its expiry.
     async fn append_response(&self, id: Uuid, event: &ResponseEvent) -> Result<()>;
 
+    /// Appends `event` to the response stream of `job`'s request like
+    /// [`Broker::append_response`], but only while `job.consumer` holds `job`'s entry:
+    /// [`QueueError::NotOwner`] otherwise, and nothing is written. Workers write through
+    /// this, so a holder presumed dead stops at its next write.
+    async fn append_held(&self, job: &ClaimedJob, event: &ResponseEvent) -> Result<()>;
+
     /// Reads up to `max` events with seq greater than `after_seq`, waiting up to `block` for
     /// the first (zero: do not wait). Empty when none came in time.
     async fn read_responses(
@@ -175,21 +201,28 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// The record of request `id`, if it is still kept.
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>>;
 
-    /// Forgets request `id` once its answer was delivered or it was stopped: its record and its
-    /// response stream, in one step. Whether a record was kept.
+    /// Forgets request `id` once its answer was delivered or it was withdrawn: its record and
+    /// its response stream, in one step. Whether a record was kept. (A started request whose
+    /// client went away is forgotten by [`Broker::cancel`], which keeps its stream.)
     async fn forget_request(&self, id: Uuid) -> Result<bool>;
 
     // --- cancellation ---
 
-    /// Sets request `id`'s cancel flag.
-    async fn cancel(&self, id: Uuid) -> Result<()>;
+    /// Cancels request `id`, whose client went away after the gateway handed it the response
+    /// events up to seq `delivered_seq` (0: none), in one step: sets its cancel flag to that
+    /// seq (a flag already set keeps the larger one: what any reader was handed) and forgets
+    /// its record. Its response stream stays (and expires like any other): the worker that
+    /// holds the job, or takes it over, ends it and bills from it the completion tokens of
+    /// the deltas up to `delivered_seq`, and no more.
+    async fn cancel(&self, id: Uuid, delivered_seq: u64) -> Result<()>;
 
     /// Whether request `id`'s cancel flag is set.
     async fn is_cancelled(&self, id: Uuid) -> Result<bool>;
 
     /// The cancel flags of many requests in one round trip (a worker polls all the
-    /// requests it runs at once), in the order of `ids`.
-    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>>;
+    /// requests it runs at once), in the order of `ids`: the delivered seq of each
+    /// cancelled request ([`Broker::cancel`]), `None` for one not cancelled.
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<Option<u64>>>;
 
     // --- usage ---
 

@@ -51,5 +51,16 @@ pub enum QueueError {
     Invalid(String),
 }
 
+impl QueueError {
+    /// Whether the same call may succeed if tried again: Redis unreachable, restarting,
+    /// loading its data or busy; not a refusal, a bad reply or a fencing answer.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            QueueError::Redis(e) => !matches!(e.retry_method(), redis::RetryMethod::NoRetry),
+            _ => false,
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = QueueError> = std::result::Result<T, E>;

@@ -48,8 +48,11 @@ suite!(
     resumed_jobs_go_first,
     keep_alive_prevents_takeover,
     cancel_flags_in_one_call,
+    cancel_carries_the_delivered_seq,
     request_records,
     idempotent_submits,
     prompt_tokens_are_counted,
     decoding_jobs_are_counted,
+    take_over_dead_consumers,
+    held_appends_are_fenced,
 );

@@ -55,6 +55,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         stop_token_ids: vec![],
         ignore_eos: true,
         resume: None,
+        cache_scope: Default::default(),
     }
 }
 

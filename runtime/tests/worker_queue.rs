@@ -6,11 +6,12 @@ mod worker_common;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tidal_queue::{clock::system_now_ms, ResponseEvent, Withdrawal};
+use tidal_queue::{clock::system_now_ms, Broker, ResponseEvent, UsageEvent, Withdrawal};
 use tidal_runtime::server::LoadedModel;
-use tidal_runtime::worker::ClaimBudget;
+use tidal_runtime::worker::{ClaimBudget, SharedPrefix};
+use uuid::Uuid;
 use worker_common::*;
 
 macro_rules! both_brokers {
@@ -37,6 +38,9 @@ macro_rules! both_brokers {
 both_brokers!(
     jobs_stream_exactly_and_bill_once,
     cancellation_frees_the_sequence,
+    a_cancel_bills_exactly_the_deltas_the_client_was_handed,
+    a_job_taken_over_after_a_cancel_bills_what_was_handed,
+    tenants_never_share_cached_prompt_blocks,
     prepare_errors_are_one_error_event,
     jobs_wait_for_a_worker_and_withdrawn_jobs_never_run,
 );
@@ -90,7 +94,8 @@ async fn cancellation_frees_the_sequence(h: Harness) {
         status.summary().tokens_delivered > 0
     })
     .await;
-    b.cancel(j.id).await.unwrap();
+    // a reader that was handed every event written
+    b.cancel(j.id, u64::MAX).await.unwrap();
     let events = read_to_end(&*b, j.id, LONG).await;
     let (ids, _) = delivered(&events);
     assert!(ids.len() < 3000);
@@ -111,6 +116,147 @@ async fn cancellation_frees_the_sequence(h: Harness) {
     let by = usage_by_request(&usage_events(&*b).await);
     assert_billed(&by, j.id, 6, ids.len() as u64);
     assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+}
+
+/// Reads request `id`'s stream until it holds at least `n` events.
+async fn read_until(b: &dyn Broker, id: Uuid, n: usize) -> Vec<ResponseEvent> {
+    let deadline = Instant::now() + LONG;
+    let mut out: Vec<ResponseEvent> = Vec::new();
+    while out.len() < n {
+        assert!(Instant::now() < deadline, "{n} events of {id}: {out:?}");
+        let after = out.last().map_or(0, ResponseEvent::seq);
+        let page = b
+            .read_responses(id, after, 100, Duration::from_millis(200))
+            .await
+            .unwrap();
+        out.extend(page);
+    }
+    out
+}
+
+/// Usage events as billing reads them, waiting until at least one arrived.
+async fn usage_arrived(b: &dyn Broker) -> Vec<UsageEvent> {
+    let deadline = Instant::now() + LONG;
+    let mut usage = Vec::new();
+    while usage.is_empty() {
+        assert!(Instant::now() < deadline, "no usage event");
+        usage = usage_events(b).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    usage
+}
+
+fn assert_cancelled(events: &[ResponseEvent]) {
+    match events.last() {
+        Some(ResponseEvent::Error { code, status, .. }) => {
+            assert_eq!((code.as_str(), *status), ("cancelled", 499))
+        }
+        other => panic!("expected cancelled, got {other:?}"),
+    }
+}
+
+/// A client that goes away after being handed the first events of a stream (the cancel
+/// carries the last seq it got) is billed the prompt and exactly the tokens of those events,
+/// not those the engine made after: by the job's holder, at once (its claim timeout is far
+/// beyond the test, so no takeover bills it), which acks the job.
+async fn a_cancel_bills_exactly_the_deltas_the_client_was_handed(h: Harness) {
+    let (_dir, model) = tiny_model(&slow_spec());
+    let b = h.broker.clone();
+    let mut config = test_config("m", "w1");
+    config.claim_timeout = Duration::from_secs(600);
+    let worker = spawn_worker(model.clone(), b.clone(), config);
+    let prompt = prompts(1).remove(0);
+    let j = job("m", &prompt, 3000);
+    b.enqueue(&j).await.unwrap();
+    // The gateway relayed two delta events; the worker has written more since.
+    let events = read_until(&*b, j.id, 4).await;
+    let handed = events[1].seq();
+    let (handed_ids, _) = delivered(&events[..2]);
+    b.cancel(j.id, handed).await.unwrap();
+    let events = read_to_end(&*b, j.id, LONG).await;
+    assert_cancelled(&events);
+    let (written, _) = delivered(&events);
+    assert!(written.len() > handed_ids.len(), "{events:?}");
+    let by = usage_by_request(&usage_arrived(&*b).await);
+    assert_billed(&by, j.id, prompt.len() as u64, handed_ids.len() as u64);
+    assert_eq!(by[&j.id][&0].worker, "w1", "billed by its holder");
+    let deadline = Instant::now() + LONG;
+    while b.depth("m").await.unwrap().in_flight > 0 {
+        assert!(Instant::now() < deadline, "the cancelled job was not acked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let summary = worker.shutdown().await;
+    assert_eq!(summary.cancelled, 1);
+    assert!(usage_events(&*b).await.is_empty(), "billed once");
+}
+
+/// A worker that dies while it generates, and whose client then goes away, is billed by the
+/// worker that takes its job over: the prompt and the tokens the client was handed, not the
+/// rest of what the dead holder wrote.
+async fn a_job_taken_over_after_a_cancel_bills_what_was_handed(h: Harness) {
+    let (_dir, model) = tiny_model(&slow_spec());
+    let b = h.broker.clone();
+    let first = spawn_worker(model.clone(), b.clone(), test_config("m", "w1"));
+    let prompt = prompts(1).remove(0);
+    let j = job("m", &prompt, 3000);
+    b.enqueue(&j).await.unwrap();
+    let events = read_until(&*b, j.id, 4).await;
+    first.crash().await;
+    let handed = events[1].seq();
+    let (handed_ids, _) = delivered(&events[..2]);
+    b.cancel(j.id, handed).await.unwrap();
+    let second = spawn_worker(model.clone(), b.clone(), test_config("m", "w2"));
+    let events = read_to_end(&*b, j.id, LONG).await;
+    assert_cancelled(&events);
+    let (written, _) = delivered(&events);
+    assert!(written.len() > handed_ids.len(), "{events:?}");
+    let by = usage_by_request(&usage_arrived(&*b).await);
+    assert_billed(&by, j.id, prompt.len() as u64, handed_ids.len() as u64);
+    let summary = second.shutdown().await;
+    assert_eq!((summary.claimed, summary.taken_over), (0, 1), "{summary:?}");
+    assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+}
+
+/// The done event's cached prompt tokens of `tenant`'s greedy job over `prompt`.
+async fn cached_tokens(b: &dyn Broker, tenant: &str, prompt: &[u32]) -> u64 {
+    let mut j = job("m", prompt, 4);
+    j.tenant = tenant.into();
+    b.enqueue(&j).await.unwrap();
+    let events = read_to_end(b, j.id, LONG).await;
+    assert_complete(&events);
+    match events.last() {
+        Some(ResponseEvent::Done { usage, .. }) => usage.cached_prompt_tokens,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The prefix cache is scoped per tenant: a tenant's repeat of a prompt is served from it,
+/// another tenant's identical prompt is not (so `cached_tokens` tells no tenant anything
+/// about another's prompts), except for the blocks inside an operator's shared prefix.
+async fn tenants_never_share_cached_prompt_blocks(h: Harness) {
+    let b = h.broker.clone();
+    // 56 tokens: three full blocks of 16 can be served from the cache
+    let prompt = prompts_of(1, 56).remove(0);
+    let (_dir, model) = tiny_model(&fast_spec());
+    let worker = spawn_worker(model, b.clone(), test_config("m", "w1"));
+    assert_eq!(cached_tokens(&*b, "tenant-a", &prompt).await, 0);
+    assert_eq!(cached_tokens(&*b, "tenant-b", &prompt).await, 0);
+    assert_eq!(cached_tokens(&*b, "tenant-a", &prompt).await, 48);
+    worker.shutdown().await;
+
+    // A shared prefix of 40 tokens: its two whole blocks are every tenant's.
+    let (_dir, model) = tiny_model(&fast_spec());
+    let mut config = test_config("m", "w2");
+    config.shared_prefixes = vec![SharedPrefix::Tokens(prompt[..40].to_vec())];
+    let worker = spawn_worker(model, b.clone(), config);
+    assert_eq!(cached_tokens(&*b, "tenant-a", &prompt).await, 0);
+    assert_eq!(cached_tokens(&*b, "tenant-b", &prompt).await, 32);
+    assert_eq!(cached_tokens(&*b, "tenant-a", &prompt).await, 48);
+    // A prompt that does not start with the whole shared prefix is salted from its start.
+    let mut other = prompt.clone();
+    other[39] = if other[39] == 2 { 3 } else { 2 };
+    assert_eq!(cached_tokens(&*b, "tenant-c", &other).await, 0);
+    worker.shutdown().await;
 }
 
 /// Requests the model cannot take get exactly one error event with the 4xx status the

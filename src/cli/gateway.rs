@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use tidal_billing::ledger::LedgerOptions;
 use tidal_billing::Ledger;
 use tidal_gateway::{Gateway, GatewayConfig, RedisLimiter};
 use tidal_queue::{Broker, BrokerConfig, RedisBroker};
@@ -38,6 +39,17 @@ pub struct GatewayArgs {
     /// Milliseconds a verified key and a tenant's limits/budget state are reused.
     #[arg(long, default_value_t = 2000)]
     pub cache_ttl_ms: u64,
+    /// While the ledger cannot be asked: milliseconds after its last successful check that
+    /// a key (or a tenant's limits/budget state) is still used; older ones get 503.
+    #[arg(long, default_value_t = 60_000)]
+    pub max_stale_ms: u64,
+    /// Longest wait for a ledger read on the request path, and for a pooled connection.
+    #[arg(long, default_value_t = 1000)]
+    pub ledger_timeout_ms: u64,
+    /// After a failed ledger read, milliseconds requests skip the ledger (answering from the
+    /// bounded cache) before one probes it again.
+    #[arg(long, default_value_t = 5000)]
+    pub breaker_open_ms: u64,
     /// Seconds a started request may go without a response event before it gets 504.
     #[arg(long, default_value_t = 300)]
     pub idle_timeout_secs: u64,
@@ -58,7 +70,14 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
         .context("installing the metrics recorder")?;
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     runtime.block_on(async move {
-        let ledger = Ledger::connect(&args.database)
+        let ledger_timeout = Duration::from_millis(args.ledger_timeout_ms);
+        // A short acquire timeout: while PostgreSQL is down, a read fails in this time
+        // instead of sqlx's default, and the gateway's cache answers.
+        let ledger_opts = LedgerOptions {
+            acquire_timeout: ledger_timeout,
+            ..LedgerOptions::default()
+        };
+        let ledger = Ledger::connect_with(&args.database, &ledger_opts)
             .await
             .with_context(|| format!("opening ledger {}", args.database))?;
         let broker_cfg = BrokerConfig {
@@ -78,6 +97,9 @@ pub fn run(args: GatewayArgs) -> anyhow::Result<()> {
         let config = GatewayConfig {
             admin_token: args.admin_token.clone().filter(|t| !t.is_empty()),
             cache_ttl: Duration::from_millis(args.cache_ttl_ms),
+            max_stale: Duration::from_millis(args.max_stale_ms),
+            ledger_timeout,
+            breaker_open: Duration::from_millis(args.breaker_open_ms),
             idle_timeout: Duration::from_secs(args.idle_timeout_secs),
             prometheus: Some(prometheus),
             ..GatewayConfig::default()

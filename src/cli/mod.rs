@@ -9,6 +9,7 @@ pub mod engine_args;
 pub mod gateway;
 pub mod keys;
 pub mod logging;
+pub mod models;
 pub mod report;
 pub mod runtime;
 pub mod signals;

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
 use tidal_runtime::server::{router, ServerState};
-use tidal_runtime::worker::{probe, ClaimBudget, Worker, WorkerConfig};
+use tidal_runtime::worker::{probe, ClaimBudget, SharedPrefix, Worker, WorkerConfig};
 use tokio::sync::watch;
 
 use super::engine_args::{parse_duration, EngineArgs};
@@ -64,9 +64,22 @@ pub struct WorkerArgs {
     /// re-enqueued for another worker.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
-    /// A job not renewed by its worker for this long is taken over (same for every worker).
+    /// A job not renewed by its worker for this long is taken over (same for every worker);
+    /// the backstop for workers that never wrote a heartbeat.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub claim_timeout: Duration,
+    /// How often this worker writes its heartbeat.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// Heartbeats a worker may miss before the other workers take its jobs over (same for
+    /// every worker; their clocks must agree to well within interval × this).
+    #[arg(long, default_value_t = 3)]
+    pub missed_heartbeats: u32,
+    /// How long a job retries its broker calls through a Redis outage before it is left
+    /// to a takeover (default: --claim-timeout). Generation continues meanwhile and the
+    /// stream resumes within about half a second of Redis answering again.
+    #[arg(long, value_parser = parse_duration)]
+    pub broker_retry: Option<Duration>,
     /// Most jobs held at once (default: --max-num-seqs).
     #[arg(long)]
     pub max_jobs: Option<usize>,
@@ -80,6 +93,12 @@ pub struct WorkerArgs {
     /// overrides).
     #[arg(long)]
     pub claim_prefill_budget_tokens: Option<std::num::NonZeroUsize>,
+    /// Public prompt prefixes (system prompts) whose prefix-cache blocks every tenant
+    /// shares: a JSON array of prompt texts, `{"system": "..."}` messages or
+    /// `{"tokens": [...]}`. Without it each tenant's prompts are cached apart from every
+    /// other tenant's, so no tenant can learn another's prompts from `cached_tokens`.
+    #[arg(long, value_name = "PATH")]
+    pub shared_prefix_file: Option<std::path::PathBuf>,
 }
 
 /// The claim budget that `--claim-prefill-budget` and `--claim-prefill-budget-tokens` ask
@@ -207,8 +226,17 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     };
     config.drain_timeout = w.drain_timeout;
     config.claim_timeout = w.claim_timeout;
+    config.heartbeat_interval = w.heartbeat_interval;
+    config.missed_heartbeats = w.missed_heartbeats;
+    config.broker_retry = w.broker_retry;
     config.max_jobs = w.max_jobs;
     config.claim_budget = claim_budget(w.claim_prefill_budget, w.claim_prefill_budget_tokens);
+    if let Some(path) = &w.shared_prefix_file {
+        let json =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        config.shared_prefixes =
+            SharedPrefix::parse_list(&json).with_context(|| format!("in {}", path.display()))?;
+    }
     config.validate()?;
 
     let broker_config = BrokerConfig {

@@ -17,7 +17,13 @@ pub struct Platform {
     pub gateway: KillOnDrop,
 }
 
+/// [`try_publish`], which must succeed.
 pub async fn publish(broker: &dyn Broker, max_queue_wait_ms: u64) {
+    try_publish(broker, max_queue_wait_ms).await.unwrap();
+}
+
+/// Publishes the default model's record (prices, max queue wait) in the broker.
+pub async fn try_publish(broker: &dyn Broker, max_queue_wait_ms: u64) -> tidal_queue::Result<()> {
     broker
         .put_model(&ModelRecord {
             id: MODEL_ID.into(),
@@ -33,7 +39,6 @@ pub async fn publish(broker: &dyn Broker, max_queue_wait_ms: u64) {
             context_length: 8192,
         })
         .await
-        .unwrap();
 }
 
 /// A gateway process over `queue` and ledger `db`, once healthy: its base URL.

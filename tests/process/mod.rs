@@ -77,6 +77,16 @@ where
 /// A `tidal gateway` process over Redis `redis_url` (keys under `prefix`) and ledger `db`,
 /// once its `/health` answers: the process and its base URL.
 pub async fn start_gateway(redis_url: &str, prefix: &str, db: &str) -> (KillOnDrop, String) {
+    start_gateway_with(redis_url, prefix, db, std::process::Stdio::null()).await
+}
+
+/// [`start_gateway`] with its log (stderr) going to `log`.
+pub async fn start_gateway_with(
+    redis_url: &str,
+    prefix: &str,
+    db: &str,
+    log: std::process::Stdio,
+) -> (KillOnDrop, String) {
     let port = free_port();
     let gateway = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tidal"))
@@ -91,7 +101,7 @@ pub async fn start_gateway(redis_url: &str, prefix: &str, db: &str) -> (KillOnDr
             ])
             .args(["--cache-ttl-ms", "200"])
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap(),
     );
@@ -106,4 +116,47 @@ pub async fn start_gateway(redis_url: &str, prefix: &str, db: &str) -> (KillOnDr
     })
     .await;
     (gateway, base)
+}
+
+/// A `tidal billing` process (consumer `billing-test`) over Redis `redis_url` (keys under
+/// `prefix`) and ledger `db`, once its `/health` answers: the process and its base URL.
+pub async fn start_billing(
+    redis_url: &str,
+    prefix: &str,
+    db: &str,
+    log: std::process::Stdio,
+) -> (KillOnDrop, String) {
+    let port = free_port();
+    let billing = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_tidal"))
+            .args(["billing", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--redis",
+                redis_url,
+                "--database",
+                db,
+                "--key-prefix",
+                prefix,
+            ])
+            .args(["--consumer", "billing-test"])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let health = format!("{base}/health");
+    eventually(
+        "the billing consumer healthy",
+        Duration::from_secs(60),
+        || {
+            let health = health.clone();
+            async move {
+                let r = reqwest::get(health).await.ok()?;
+                r.status().is_success().then_some(())
+            }
+        },
+    )
+    .await;
+    (billing, base)
 }

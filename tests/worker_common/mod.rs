@@ -34,10 +34,17 @@ pub struct Queue {
 }
 
 impl Queue {
+    /// A prefix on the shared test Redis.
     pub async fn new(test: &str) -> Self {
         let url = tidal_queue::testing::ensure_redis()
             .await
             .expect("test Redis");
+        Queue::on(&url, test).await
+    }
+
+    /// A prefix on the Redis at `url`.
+    pub async fn on(url: &str, test: &str) -> Self {
+        let url = url.to_owned();
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
@@ -80,6 +87,18 @@ impl WorkerProcess {
         drain_timeout: &str,
         claim_timeout: &str,
     ) -> Self {
+        Self::start_with(model, queue, name, drain_timeout, claim_timeout, 10)
+    }
+
+    /// [`WorkerProcess::start`] with room for `max_num_seqs` sequences (and as many jobs).
+    pub fn start_with(
+        model: &Path,
+        queue: &Queue,
+        name: &str,
+        drain_timeout: &str,
+        claim_timeout: &str,
+        max_num_seqs: usize,
+    ) -> Self {
         let log =
             std::env::temp_dir().join(format!("{}{name}.log", queue.prefix.replace(':', "-")));
         let file = std::fs::File::create(&log).unwrap();
@@ -90,14 +109,8 @@ impl WorkerProcess {
             .args(["--queue", &queue.url, "--queue-prefix", &queue.prefix])
             .args(["--model-id", MODEL_ID, "--worker-name", name])
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--threads",
-                "1",
-                "--kv-cache-memory",
-                "256MiB",
-                "--max-num-seqs",
-                "10",
-            ])
+            .args(["--threads", "1", "--kv-cache-memory", "256MiB"])
+            .args(["--max-num-seqs", &max_num_seqs.to_string()])
             .args([
                 "--drain-timeout",
                 drain_timeout,
@@ -230,29 +243,38 @@ pub async fn reference_run(model: &Path, jobs: &[Job]) -> Vec<Vec<ResponseEvent>
     out
 }
 
-/// Reads request `id`'s stream as a gateway does (reconnecting from the last seq) until its
-/// last event, adding delivered tokens to `counter`.
-async fn read_stream(
-    broker: Arc<dyn Broker>,
-    id: Uuid,
-    counter: Arc<AtomicU64>,
-) -> Vec<ResponseEvent> {
+/// A response event and when the reader received it.
+pub type Timed = (Instant, ResponseEvent);
+
+/// Pause after a failed read, as the gateway's relay makes.
+const READ_RETRY: Duration = Duration::from_millis(200);
+
+/// Reads request `id`'s stream as a gateway does (reconnecting from the last seq, retrying
+/// failed reads) until its last event, adding delivered tokens to `counter`.
+async fn read_stream(broker: Arc<dyn Broker>, id: Uuid, counter: Arc<AtomicU64>) -> Vec<Timed> {
     let deadline = Instant::now() + Duration::from_secs(300);
-    let mut out: Vec<ResponseEvent> = Vec::new();
+    let mut out: Vec<Timed> = Vec::new();
     loop {
         assert!(Instant::now() < deadline, "stream {id} incomplete: {out:?}");
-        let after = out.last().map_or(0, ResponseEvent::seq);
-        let page = broker
+        let after = out.last().map_or(0, |(_, e)| e.seq());
+        let page = match broker
             .read_responses(id, after, 100, Duration::from_millis(500))
             .await
-            .unwrap();
+        {
+            Ok(page) => page,
+            Err(_) => {
+                tokio::time::sleep(READ_RETRY).await;
+                continue;
+            }
+        };
+        let at = Instant::now();
         for ev in &page {
             if let ResponseEvent::Delta { token_ids, .. } = ev {
                 counter.fetch_add(token_ids.len() as u64, Ordering::Relaxed);
             }
         }
         let end = page.iter().any(ResponseEvent::is_terminal);
-        out.extend(page);
+        out.extend(page.into_iter().map(|e| (at, e)));
         if end {
             return out;
         }
@@ -265,6 +287,19 @@ pub async fn read_all(
     jobs: &[Job],
     counter: Arc<AtomicU64>,
 ) -> Vec<Vec<ResponseEvent>> {
+    read_all_timed(broker, jobs, counter)
+        .await
+        .into_iter()
+        .map(|s| s.into_iter().map(|(_, e)| e).collect())
+        .collect()
+}
+
+/// Reads every job's stream concurrently, with the time each event arrived.
+pub async fn read_all_timed(
+    broker: Arc<dyn Broker>,
+    jobs: &[Job],
+    counter: Arc<AtomicU64>,
+) -> Vec<Vec<Timed>> {
     let readers: Vec<_> = jobs
         .iter()
         .map(|j| tokio::spawn(read_stream(broker.clone(), j.id, counter.clone())))
@@ -276,13 +311,38 @@ pub async fn read_all(
     out
 }
 
+/// The events of timed streams.
+pub fn untimed(streams: &[Vec<Timed>]) -> Vec<Vec<ResponseEvent>> {
+    streams
+        .iter()
+        .map(|s| s.iter().map(|(_, e)| e.clone()).collect())
+        .collect()
+}
+
+/// For the streams not finished at `fault`, the longest wait from `from` to the first event
+/// after `fault` (zero for one that came before `from`); `None` when every stream had ended
+/// by `fault`.
+pub fn longest_resumption(
+    streams: &[Vec<Timed>],
+    fault: Instant,
+    from: Instant,
+) -> Option<Duration> {
+    streams
+        .iter()
+        .filter(|s| !s.iter().any(|(at, e)| *at <= fault && e.is_terminal()))
+        .filter_map(|s| s.iter().find(|(at, _)| *at > fault))
+        .map(|(at, _)| at.saturating_duration_since(from))
+        .max()
+}
+
 /// Waits until every job is acked (a worker acks after writing `done` and publishing the
 /// segment's usage, so a reader can see `done` a moment before the usage event exists).
 pub async fn wait_settled(broker: &dyn Broker) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let d = broker.depth(MODEL_ID).await.unwrap();
-        if (d.backlog, d.in_flight) == (0, 0) {
+        // A failed read (the test's own connection to a Redis that restarted) is retried.
+        let d = broker.depth(MODEL_ID).await;
+        if d.as_ref().is_ok_and(|d| (d.backlog, d.in_flight) == (0, 0)) {
             return;
         }
         assert!(

@@ -5,16 +5,17 @@
 //! A duplicate (in the batch, or already stored by an earlier or concurrent batch) is
 //! therefore counted once, and a batch that fails or is cut off leaves nothing behind.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row};
 
+use super::holds::apply_to_holds;
 use super::{on_pool, to_us, Ledger};
 use crate::error::{Error, Result};
 use crate::price::{PriceVersion, Prices, UNPRICED};
-use crate::usage::{aggregate, price_records, stored_tokens, PricedRecord, UsageRecord};
+use crate::usage::{aggregate, price_records, stored_tokens, PricedRecord, Totals, UsageRecord};
 
 /// Rows per multi-row INSERT (14 binds each stays under both drivers' parameter limits).
 const EVENT_CHUNK: usize = 1000;
@@ -219,6 +220,16 @@ impl InsertEvents for sqlx::Sqlite {
     }
 }
 
+/// The exact cost in picos of each request among `fresh` (for its budget hold).
+fn request_costs(fresh: &[PricedRecord]) -> BTreeMap<String, i128> {
+    let mut costs = BTreeMap::new();
+    for p in fresh {
+        let cost = Totals::of_record(&p.record).cost_picos(&p.prices);
+        *costs.entry(p.record.request_id.clone()).or_default() += cost;
+    }
+    costs
+}
+
 /// What one [`Ledger::record_batch`] call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct IngestOutcome {
@@ -284,6 +295,7 @@ impl Ledger {
 
             let deltas = aggregate(&fresh)?;
             apply_deltas!(tx, Db, deltas);
+            apply_to_holds!(tx, Db, &request_costs(&fresh));
 
             for (r, reason) in &rejects {
                 let payload =

@@ -12,6 +12,7 @@ use sqlx::Row;
 
 use super::{from_us, on_pool, Ledger};
 use crate::error::{Error, Result};
+use crate::ledger::tenants::validate_tenant_id;
 use crate::ledger::Tenant;
 
 /// A tenant's rate limits; `None` means unlimited.
@@ -60,6 +61,7 @@ fn limit(v: Option<i64>) -> Option<u64> {
 impl Ledger {
     /// Sets a tenant's rate limits (`None` fields: unlimited).
     pub async fn set_rate_limits(&self, tenant: &str, limits: RateLimits) -> Result<()> {
+        validate_tenant_id(tenant)?;
         limits.validate()?;
         let rpm = limits.requests_per_min.map(|v| v as i64);
         let tpm = limits.tokens_per_min.map(|v| v as i64);
@@ -95,6 +97,7 @@ impl Ledger {
 
     /// A tenant's rate limits ([`Error::NotFound`] for an unknown tenant).
     pub async fn rate_limits(&self, tenant: &str) -> Result<RateLimits> {
+        validate_tenant_id(tenant)?;
         let row: Option<(Option<i64>, Option<i64>)> = on_pool!(self, |pool, Db| {
             sqlx::query(
                 "SELECT l.requests_per_min, l.tokens_per_min FROM tenants t \

@@ -10,6 +10,7 @@
 //! [`Ledger::connect`]; the same folders work with the `sqlx migrate` CLI.
 
 mod catalogue;
+mod holds;
 mod ingest;
 mod limits;
 mod reads;
@@ -29,6 +30,7 @@ use sqlx::sqlite::{
 use crate::error::{Error, Result};
 
 pub use catalogue::FleetUsage;
+pub use holds::{decide_hold, HoldOutcome, HoldRequest};
 pub use ingest::IngestOutcome;
 pub use limits::{RateLimits, TenantSettings};
 pub use reprice::RepriceOutcome;

@@ -16,7 +16,7 @@ use crate::period::Month;
 pub struct Tenant {
     /// Id (`[a-z0-9][a-z0-9_-]*`, at most 64 bytes).
     pub id: String,
-    /// Display name.
+    /// Display name (1 to 128 printable characters).
     pub name: String,
     /// Creation time.
     pub created_at: DateTime<Utc>,
@@ -72,7 +72,10 @@ pub struct BudgetStatus {
 /// A stored key found by prefix: id, tenant, hash, role, revocation time.
 type KeyCandidate = (String, String, Vec<u8>, String, Option<i64>);
 
-fn validate_tenant_id(id: &str) -> Result<()> {
+/// Checks a tenant id: `[a-z0-9][a-z0-9_-]*`, at most 64 bytes. Every method taking a
+/// tenant id checks it, so a malformed one is [`Error::Invalid`] and never reaches the
+/// database (where a NUL byte, say, would fail as a database error).
+pub(crate) fn validate_tenant_id(id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
@@ -89,6 +92,33 @@ fn validate_tenant_id(id: &str) -> Result<()> {
             "tenant id {id:?} must match [a-z0-9][a-z0-9_-]{{0,63}}"
         )))
     }
+}
+
+/// Longest tenant display name, in characters.
+const MAX_TENANT_NAME_CHARS: usize = 128;
+
+/// Whether `c` may appear in a display name: no control characters (C0, DEL, C1), line or
+/// paragraph separators, or bidirectional overrides (which could disguise a name).
+fn printable(c: char) -> bool {
+    !(c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+}
+
+/// Checks a tenant display name: 1 to [`MAX_TENANT_NAME_CHARS`] printable characters.
+pub(crate) fn validate_tenant_name(name: &str) -> Result<()> {
+    let chars = name.chars().count();
+    if chars == 0 || chars > MAX_TENANT_NAME_CHARS {
+        return Err(Error::Invalid(format!(
+            "tenant name must be 1 to {MAX_TENANT_NAME_CHARS} characters, got {chars}"
+        )));
+    }
+    if let Some(c) = name.chars().find(|c| !printable(*c)) {
+        return Err(Error::Invalid(format!(
+            "tenant name must be printable; it contains {:?}",
+            c
+        )));
+    }
+    Ok(())
 }
 
 /// Pure budget arithmetic.
@@ -112,6 +142,7 @@ impl Ledger {
     /// Creates a tenant; fails with [`Error::Invalid`] if the id is malformed or taken.
     pub async fn create_tenant(&self, id: &str, name: &str, now: DateTime<Utc>) -> Result<Tenant> {
         validate_tenant_id(id)?;
+        validate_tenant_name(name)?;
         let inserted = on_pool!(self, |pool, Db| {
             sqlx::query(
                 "INSERT INTO tenants (id, name, created_us) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
@@ -137,6 +168,7 @@ impl Ledger {
 
     /// Reads a tenant (a tenant key may read only its own).
     pub async fn tenant(&self, principal: &Principal, id: &str) -> Result<Tenant> {
+        validate_tenant_id(id)?;
         principal.authorize_tenant(id)?;
         let row = on_pool!(self, |pool, Db| {
             sqlx::query(
@@ -165,6 +197,7 @@ impl Ledger {
         role: Role,
         now: DateTime<Utc>,
     ) -> Result<IssuedKey> {
+        validate_tenant_id(tenant)?;
         let key = keys::generate();
         let key_id = uuid::Uuid::now_v7().to_string();
         let exists = on_pool!(self, |pool, Db| {
@@ -206,6 +239,10 @@ impl Ledger {
 
     /// Revokes a key (idempotent: revoking twice keeps the first revocation time).
     pub async fn revoke_key(&self, key_id: &str, now: DateTime<Utc>) -> Result<()> {
+        // Key ids are UUIDs: anything else names no key (and never reaches the database).
+        if uuid::Uuid::parse_str(key_id).is_err() {
+            return Err(Error::NotFound(format!("api key {key_id:?}")));
+        }
         let found = on_pool!(self, |pool, Db| {
             sqlx::query("UPDATE api_keys SET revoked_us = COALESCE(revoked_us, $2) WHERE id = $1")
                 .bind(key_id)
@@ -264,6 +301,7 @@ impl Ledger {
 
     /// Lists a tenant's keys (no secrets).
     pub async fn list_keys(&self, principal: &Principal, tenant: &str) -> Result<Vec<KeyInfo>> {
+        validate_tenant_id(tenant)?;
         principal.authorize_tenant(tenant)?;
         on_pool!(self, |pool, Db| {
             sqlx::query(
@@ -292,6 +330,7 @@ impl Ledger {
 
     /// Sets (or clears, with `None`) a tenant's monthly budget in micros.
     pub async fn set_budget(&self, tenant: &str, monthly_budget_micros: Option<i64>) -> Result<()> {
+        validate_tenant_id(tenant)?;
         if monthly_budget_micros.is_some_and(|b| b < 0) {
             return Err(Error::Invalid("budget must not be negative".into()));
         }
@@ -319,6 +358,7 @@ impl Ledger {
         tenant: &str,
         now: DateTime<Utc>,
     ) -> Result<BudgetStatus> {
+        validate_tenant_id(tenant)?;
         principal.authorize_tenant(tenant)?;
         let month = Month::of_instant(now);
         let (budget, spent) = on_pool!(self, |pool, Db| {
@@ -356,6 +396,35 @@ mod tests {
         }
         for bad in ["", "-a", "_a", "Acme", "a b", "a/b", "é", &"a".repeat(65)] {
             assert!(validate_tenant_id(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tenant_names() {
+        for ok in [
+            "Acme",
+            "Acme GmbH & Co. KG",
+            "株式会社",
+            "é",
+            &"x".repeat(128),
+        ] {
+            assert!(validate_tenant_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "a\0b",
+            "tab\there",
+            "new\nline",
+            "\u{7f}",
+            "\u{85}",
+            "a\u{2028}b",
+            "evil\u{202e}gnp",
+            &"x".repeat(129),
+        ] {
+            assert!(
+                matches!(validate_tenant_name(bad), Err(Error::Invalid(_))),
+                "{bad:?}"
+            );
         }
     }
 

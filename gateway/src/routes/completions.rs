@@ -2,30 +2,33 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Extension, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use tidal_protocol::render::Endpoint;
 
-use super::{answered_as, body_error, RequestId};
+use super::{answered_as, read_body, RequestId, COMPLETION_BODY_BYTES};
 use crate::admission::{submit, Accepted};
-use crate::error::Reject;
+use crate::breaker::LedgerFault;
+use crate::error::{ledger_unavailable, Reject};
 use crate::gateway::Shared;
 use crate::respond::StreamShape;
 use crate::{auth, respond};
 
+/// Authenticates, then reads the body (so an unauthenticated body is never read), then
+/// admits the request and answers it.
 async fn complete(
     shared: Arc<Shared>,
     id: RequestId,
     endpoint: Endpoint,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Result<Response, Reject> {
-    let body = body.map_err(body_error)?;
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
+    let principal = auth::principal(&shared, &headers).await?;
+    let body = read_body(&shared, &headers, body, COMPLETION_BODY_BYTES).await?;
     let Accepted {
         id: request_id,
         tracked,
@@ -33,7 +36,7 @@ async fn complete(
         stream,
         include_usage,
         logprobs,
-    } = submit(&shared, id.0, endpoint, &headers, &body).await?;
+    } = submit(&shared, id.0, principal, endpoint, &headers, &body).await?;
     let answer = if stream {
         let shape = StreamShape {
             include_usage,
@@ -56,10 +59,9 @@ async fn complete(
 pub(super) async fn chat(
     State(shared): State<Arc<Shared>>,
     Extension(id): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Response {
-    complete(shared, id, Endpoint::Chat, headers, body)
+    complete(shared, id, Endpoint::Chat, req)
         .await
         .into_response()
 }
@@ -68,10 +70,9 @@ pub(super) async fn chat(
 pub(super) async fn completion(
     State(shared): State<Arc<Shared>>,
     Extension(id): Extension<RequestId>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    req: Request,
 ) -> Response {
-    complete(shared, id, Endpoint::Completion, headers, body)
+    complete(shared, id, Endpoint::Completion, req)
         .await
         .into_response()
 }
@@ -83,7 +84,11 @@ pub(super) async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap
         let records = shared.broker.models().await?;
         // `created`: when the model's first price took effect in the ledger (0 if it has
         // none yet; records carry no creation time of their own).
-        let versions = shared.ledger.price_versions(None).await?;
+        let versions = match shared.ask_ledger(shared.ledger.price_versions(None)).await {
+            Ok(v) => v,
+            Err(LedgerFault::Unavailable) => return Err(ledger_unavailable()),
+            Err(LedgerFault::Failed(e)) => return Err(e.into()),
+        };
         let data: Vec<_> = records
             .into_iter()
             .map(|m| {

@@ -10,14 +10,18 @@ mod ops;
 mod requests;
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderValue, Method};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::Router;
+use futures::StreamExt;
 use tidal_protocol::ApiError;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -29,8 +33,14 @@ use crate::metrics;
 /// Response header carrying the request id (the job id, UUIDv7).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// Largest request body accepted (413 beyond).
-pub const MAX_BODY_BYTES: usize = 16 << 20;
+/// Largest completion request body (413 beyond). The largest context of the architectures
+/// we serve is 128k tokens; at about 4 bytes of text per token that is 512 KiB of prompt,
+/// about 1 MiB once JSON-escaped, and a prompt of 128k token ids is under 1 MiB too, so
+/// 4 MiB admits any prompt a model can take with room to spare.
+pub const COMPLETION_BODY_BYTES: usize = 4 << 20;
+
+/// Largest admin request body (413 beyond): its bodies are a few small fields.
+pub const ADMIN_BODY_BYTES: usize = 64 << 10;
 
 /// The id the request layer gave this request (an extension of every request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +123,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
     }
     router
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Handlers read bodies themselves ([`read_body`]); this caps any extractor that would.
+        .layer(DefaultBodyLimit::max(COMPLETION_BODY_BYTES))
         .layer(middleware::from_fn(around))
         .with_state(shared)
 }
@@ -165,7 +176,6 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
     .into_response()
 }
 
-/// A body extractor's rejection (too large, unreadable) as an OpenAI error.
 /// `resp` labelled as request `id`'s: a reattach, or a retry under a used idempotency key,
 /// answers as the request it follows (the middleware adds the new request's own id only where
 /// no id is set).
@@ -176,12 +186,177 @@ pub(crate) fn answered_as(mut resp: Response, id: Uuid) -> Response {
     resp
 }
 
-pub(crate) fn body_error(e: axum::extract::rejection::BytesRejection) -> Reject {
-    let status = e.status().as_u16();
-    let status = if (400..500).contains(&status) {
-        status
-    } else {
-        400
+/// 413 for a body over `cap` bytes.
+fn too_large(cap: usize) -> Reject {
+    ApiError::new(
+        413,
+        Some("request_too_large".into()),
+        None,
+        format!("The request body is larger than this route takes ({cap} bytes)."),
+    )
+    .into()
+}
+
+/// Reads a request body of at most `cap` bytes. Call it only once the caller is
+/// authenticated: an unauthenticated request is refused without its body being read.
+///
+/// A declared `Content-Length` over `cap` is refused before any byte is read; otherwise at
+/// most `cap` bytes are buffered (413 past them). Reads wait for one of `body_reads` turns,
+/// so memory held by bodies stays under `body_reads` x `cap`, and must finish within
+/// `body_timeout` (408).
+pub(crate) async fn read_body(
+    shared: &Shared,
+    headers: &HeaderMap,
+    body: Body,
+    cap: usize,
+) -> Result<Bytes, Reject> {
+    let turns = &shared.body_reads;
+    read_capped(turns, shared.config.body_timeout, headers, body, cap).await
+}
+
+/// [`read_body`] with its turns and time limit passed in.
+async fn read_capped(
+    turns: &Semaphore,
+    limit: Duration,
+    headers: &HeaderMap,
+    body: Body,
+    cap: usize,
+) -> Result<Bytes, Reject> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > cap as u64) {
+        return Err(too_large(cap));
+    }
+    let read = async {
+        // The semaphore is never closed, so acquiring only waits for a turn.
+        let _turn = turns
+            .acquire()
+            .await
+            .map_err(|_| ApiError::unavailable("The gateway is stopping."))?;
+        let mut stream = body.into_data_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::new(
+                    400,
+                    Some("invalid_body".into()),
+                    None,
+                    format!("Failed to read the request body: {e}"),
+                )
+            })?;
+            if buf.len() + chunk.len() > cap {
+                return Err(too_large(cap));
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
     };
-    ApiError::new(status, Some("invalid_body".into()), None, e.body_text()).into()
+    tokio::time::timeout(limit, read).await.unwrap_or_else(|_| {
+        Err(ApiError::new(
+            408,
+            Some("request_timeout".into()),
+            None,
+            format!(
+                "The request body did not arrive within {} ms.",
+                limit.as_millis()
+            ),
+        )
+        .into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// A body of `chunks` chunks of `size` bytes (then, if `hang`, one that never comes),
+    /// counting the chunks read.
+    fn body(chunks: usize, size: usize, hang: bool, read: Arc<AtomicUsize>) -> Body {
+        let items = futures::stream::iter((0..chunks).map(move |_| {
+            read.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Bytes::from(vec![b'x'; size]))
+        }));
+        let tail = futures::stream::iter(hang.then_some(())).then(|_| std::future::pending());
+        Body::from_stream(items.chain(tail))
+    }
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn reads_up_to_the_cap() {
+        let turns = Semaphore::new(1);
+        let read = Arc::new(AtomicUsize::new(0));
+        let h = HeaderMap::new();
+        let b = read_capped(&turns, LIMIT, &h, body(4, 256, false, read.clone()), 1024)
+            .await
+            .unwrap();
+        assert_eq!(b.len(), 1024);
+        // One byte over, without a length: refused once the cap is passed, not read on.
+        let read = Arc::new(AtomicUsize::new(0));
+        let e = read_capped(&turns, LIMIT, &h, body(8, 257, false, read.clone()), 1024)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), 413);
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            4,
+            "stopped at the chunk past the cap"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_declared_length_over_the_cap_is_refused_unread() {
+        let turns = Semaphore::new(1);
+        let read = Arc::new(AtomicUsize::new(0));
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("1025"));
+        let e = read_capped(&turns, LIMIT, &h, body(1, 10, false, read.clone()), 1024)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), 413);
+        assert_eq!(e.error.code.as_deref(), Some("request_too_large"));
+        assert_eq!(read.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn reads_wait_for_a_turn() {
+        let turns = Semaphore::new(1);
+        let held = turns.acquire().await.unwrap();
+        let read = Arc::new(AtomicUsize::new(0));
+        let h = HeaderMap::new();
+        let mut waiting = Box::pin(read_capped(
+            &turns,
+            LIMIT,
+            &h,
+            body(1, 10, false, read.clone()),
+            1024,
+        ));
+        assert!((&mut waiting).now_or_never().is_none());
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            0,
+            "no byte read without a turn"
+        );
+        drop(held);
+        assert_eq!(waiting.await.unwrap().len(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_ends_gets_408() {
+        let turns = Semaphore::new(1);
+        let read = Arc::new(AtomicUsize::new(0));
+        let h = HeaderMap::new();
+        let e = read_capped(&turns, LIMIT, &h, body(1, 10, true, read), 1024)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), 408);
+        assert_eq!(turns.available_permits(), 1, "its turn is given back");
+    }
 }

@@ -1,7 +1,7 @@
 //! `MemoryBroker`: the in-process broker of `tidal up` and unit tests. It mirrors the Redis
-//! protocol (streams with a consumer group, pending entries, takeover after a claim timeout,
-//! start gates, seq-fenced response streams, expiries) under one mutex, with time from an
-//! injected [`Clock`].
+//! protocol (streams with a consumer group, pending entries, takeover after a claim timeout
+//! or a stale heartbeat, start gates, seq- and owner-fenced response streams, expiries)
+//! under one mutex, with time from an injected [`Clock`].
 
 mod stream;
 
@@ -44,7 +44,8 @@ struct State {
     /// Jobs streams by (model, resumed): re-enqueued jobs are claimed first.
     jobs: HashMap<(String, bool), GroupStream<Job>>,
     gates: HashMap<Uuid, (Gate, u64)>,
-    cancels: HashMap<Uuid, u64>,
+    /// Cancel flags: delivered seq and expiry.
+    cancels: HashMap<Uuid, (u64, u64)>,
     responses: HashMap<Uuid, RespStream>,
     /// Request records with their expiry.
     requests: HashMap<Uuid, (RequestRecord, u64)>,
@@ -66,8 +67,12 @@ impl State {
             .map(|(g, _)| *g)
     }
 
-    fn cancelled(&self, id: Uuid, now: u64) -> bool {
-        self.cancels.get(&id).is_some_and(|exp| *exp > now)
+    /// The delivered seq of a cancelled request.
+    fn cancelled(&self, id: Uuid, now: u64) -> Option<u64> {
+        self.cancels
+            .get(&id)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(seq, _)| *seq)
     }
 
     fn responses(&mut self, id: Uuid, now: u64) -> Option<&mut RespStream> {
@@ -83,7 +88,7 @@ impl State {
 
     fn sweep(&mut self, now: u64) {
         self.gates.retain(|_, (_, exp)| *exp > now);
-        self.cancels.retain(|_, exp| *exp > now);
+        self.cancels.retain(|_, (_, exp)| *exp > now);
         self.responses.retain(|_, r| r.expires_at_ms > now);
         self.requests.retain(|_, (_, exp)| *exp > now);
         self.idempotency.retain(|_, (_, exp)| *exp > now);
@@ -123,7 +128,7 @@ impl State {
             Some(Gate::Started) => true,
             None => {
                 let expired = job.deadline_ms > 0 && now > job.deadline_ms;
-                !(expired || self.cancelled(job.id, now))
+                !(expired || self.cancelled(job.id, now).is_some())
             }
         };
         let gate = if pass { Gate::Started } else { Gate::Withdrawn };
@@ -136,6 +141,33 @@ impl State {
             count(m::WITHDRAWN, model, 1);
         }
         pass
+    }
+
+    /// Passes entries `consumer` took over through the start gate and counts their
+    /// re-prefill (new prefill demand for the autoscaler); returns those that may run.
+    fn took_over(
+        &mut self,
+        model: &str,
+        consumer: &str,
+        taken: Vec<(StreamId, Job, u32)>,
+        now: u64,
+        ttl: u64,
+    ) -> Vec<ClaimedJob> {
+        let mut out = Vec::new();
+        for (id, job, attempt) in taken {
+            if self.pass_gate(model, id, &job, now, ttl) {
+                out.push(ClaimedJob {
+                    job,
+                    entry_id: id.to_string(),
+                    consumer: consumer.to_owned(),
+                    attempt,
+                });
+            }
+        }
+        let re_prefill: u64 = out.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
+        self.count_prompt_tokens(model, re_prefill);
+        count(m::TAKEN_OVER, model, out.len() as u64);
+        out
     }
 
     /// Checks that `job`'s entry is pending for its consumer; returns its stream and id.
@@ -193,6 +225,42 @@ impl MemoryBroker {
 
     fn ttl_ms(d: Duration) -> u64 {
         d.as_millis() as u64
+    }
+
+    /// Appends a response event (module docs of [`crate::broker`]: fencing, and with
+    /// `held` ownership).
+    fn append(&self, id: Uuid, event: &ResponseEvent, held: Option<&ClaimedJob>) -> Result<()> {
+        let now = self.now();
+        let expires_at_ms = now + Self::ttl_ms(self.config.response_ttl);
+        {
+            let mut st = self.lock();
+            if let Some(job) = held {
+                st.owned(job)?;
+            }
+            let last = match st.responses(id, now) {
+                Some(r) => r.events.last().cloned(),
+                None => None,
+            };
+            let last_seq = last.as_ref().map_or(0, ResponseEvent::seq);
+            if last.as_ref().is_some_and(ResponseEvent::is_terminal) {
+                return Err(QueueError::ResponseFinished { id });
+            }
+            if event.seq() != last_seq + 1 {
+                return Err(QueueError::SeqConflict {
+                    id,
+                    seq: event.seq(),
+                    last: last_seq,
+                });
+            }
+            let r = st.responses.entry(id).or_insert_with(|| RespStream {
+                events: Vec::new(),
+                expires_at_ms,
+            });
+            r.events.push(event.clone());
+            r.expires_at_ms = expires_at_ms;
+        }
+        self.changed.notify_waiters();
+        Ok(())
     }
 
     /// Runs `attempt` until it yields something non-empty or `block` elapses; woken by
@@ -286,22 +354,38 @@ impl Broker for MemoryBroker {
                 taken.extend(s.auto_claim(consumer, Self::ttl_ms(min_idle), room, now));
             }
         }
-        let mut out = Vec::new();
-        for (id, job, attempt) in taken {
-            if st.pass_gate(model, id, &job, now, ttl) {
-                out.push(ClaimedJob {
-                    job,
-                    entry_id: id.to_string(),
-                    consumer: consumer.to_owned(),
-                    attempt,
-                });
+        Ok(st.took_over(model, consumer, taken, now, ttl))
+    }
+
+    async fn take_over_dead(
+        &self,
+        model: &str,
+        consumer: &str,
+        now_ms: u64,
+        dead_after: Duration,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>> {
+        let now = self.now();
+        let ttl = Self::ttl_ms(self.config.request_ttl);
+        let mut st = self.lock();
+        let dead: Vec<String> = st
+            .workers
+            .get(model)
+            .into_iter()
+            .flat_map(|w| w.values())
+            .filter(|b| b.worker != consumer && is_stale(b, now_ms, dead_after))
+            .map(|b| b.worker.clone())
+            .collect();
+        let mut taken = Vec::new();
+        if !dead.is_empty() {
+            for resumed in [true, false] {
+                if let Some(s) = st.jobs.get_mut(&(model.to_owned(), resumed)) {
+                    let room = max - taken.len();
+                    taken.extend(s.claim_from(&dead, consumer, room, now));
+                }
             }
         }
-        // The taker prefills these again: they are new prefill demand for the autoscaler.
-        let re_prefill: u64 = out.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
-        st.count_prompt_tokens(model, re_prefill);
-        count(m::TAKEN_OVER, model, out.len() as u64);
-        Ok(out)
+        Ok(st.took_over(model, consumer, taken, now, ttl))
     }
 
     async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>> {
@@ -413,34 +497,11 @@ impl Broker for MemoryBroker {
     }
 
     async fn append_response(&self, id: Uuid, event: &ResponseEvent) -> Result<()> {
-        let now = self.now();
-        let expires_at_ms = now + Self::ttl_ms(self.config.response_ttl);
-        {
-            let mut st = self.lock();
-            let last = match st.responses(id, now) {
-                Some(r) => r.events.last().cloned(),
-                None => None,
-            };
-            let last_seq = last.as_ref().map_or(0, ResponseEvent::seq);
-            if last.as_ref().is_some_and(ResponseEvent::is_terminal) {
-                return Err(QueueError::ResponseFinished { id });
-            }
-            if event.seq() != last_seq + 1 {
-                return Err(QueueError::SeqConflict {
-                    id,
-                    seq: event.seq(),
-                    last: last_seq,
-                });
-            }
-            let r = st.responses.entry(id).or_insert_with(|| RespStream {
-                events: Vec::new(),
-                expires_at_ms,
-            });
-            r.events.push(event.clone());
-            r.expires_at_ms = expires_at_ms;
-        }
-        self.changed.notify_waiters();
-        Ok(())
+        self.append(id, event, None)
+    }
+
+    async fn append_held(&self, job: &ClaimedJob, event: &ResponseEvent) -> Result<()> {
+        self.append(job.job.id, event, Some(job))
     }
 
     async fn read_responses(
@@ -535,18 +596,24 @@ impl Broker for MemoryBroker {
         Ok(st.requests.remove(&id).is_some_and(|(_, exp)| exp > now))
     }
 
-    async fn cancel(&self, id: Uuid) -> Result<()> {
-        let exp = self.now() + Self::ttl_ms(self.config.request_ttl);
-        self.lock().cancels.insert(id, exp);
+    async fn cancel(&self, id: Uuid, delivered_seq: u64) -> Result<()> {
+        let now = self.now();
+        let exp = now + Self::ttl_ms(self.config.request_ttl);
+        let mut st = self.lock();
+        let seq = st
+            .cancelled(id, now)
+            .map_or(delivered_seq, |s| s.max(delivered_seq));
+        st.cancels.insert(id, (seq, exp));
+        st.requests.remove(&id);
         Ok(())
     }
 
     async fn is_cancelled(&self, id: Uuid) -> Result<bool> {
         let now = self.now();
-        Ok(self.lock().cancelled(id, now))
+        Ok(self.lock().cancelled(id, now).is_some())
     }
 
-    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>> {
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<Option<u64>>> {
         let now = self.now();
         let st = self.lock();
         Ok(ids.iter().map(|id| st.cancelled(*id, now)).collect())

@@ -118,13 +118,40 @@ impl<T: Clone> GroupStream<T> {
         max: usize,
         now_ms: u64,
     ) -> Vec<(StreamId, T, u32)> {
+        self.claim_where(consumer, max, now_ms, |p| {
+            now_ms.saturating_sub(p.delivered_ms) >= min_idle_ms
+        })
+    }
+
+    /// Moves up to `max` entries pending for one of `holders` (never `consumer` itself) to
+    /// `consumer`, whatever their idle time, raising their delivery count (`XCLAIM`).
+    pub fn claim_from(
+        &mut self,
+        holders: &[String],
+        consumer: &str,
+        max: usize,
+        now_ms: u64,
+    ) -> Vec<(StreamId, T, u32)> {
+        self.claim_where(consumer, max, now_ms, |p| {
+            p.consumer != consumer && holders.contains(&p.consumer)
+        })
+    }
+
+    /// Moves up to `max` pending entries that `take` picks to `consumer`.
+    fn claim_where(
+        &mut self,
+        consumer: &str,
+        max: usize,
+        now_ms: u64,
+        take: impl Fn(&Pending) -> bool,
+    ) -> Vec<(StreamId, T, u32)> {
         let mut out = Vec::new();
         let mut gone = Vec::new();
         for (id, p) in self.pending.iter_mut() {
             if out.len() >= max {
                 break;
             }
-            if now_ms.saturating_sub(p.delivered_ms) < min_idle_ms {
+            if !take(p) {
                 continue;
             }
             match self.entries.get(id) {
@@ -262,6 +289,24 @@ mod tests {
         assert_eq!(s.pending(a).map(|p| p.consumer.as_str()), Some("live"));
         // Just delivered again: not idle.
         assert!(s.auto_claim("other", 50, 10, 160).is_empty());
+    }
+
+    #[test]
+    fn claim_from_takes_only_the_named_holders_entries() {
+        let mut s = GroupStream::default();
+        let a = s.add(1, 'a');
+        let b = s.add(2, 'b');
+        let c = s.add(3, 'c');
+        s.read_new("dead", 2, 100);
+        s.read_new("live", 1, 100);
+        let dead = ["dead".to_owned(), "live".to_owned()];
+        // Not idle at all, yet taken; the taker's own entry is never "taken" from itself.
+        assert_eq!(
+            s.claim_from(&dead, "live", 10, 101),
+            vec![(a, 'a', 2), (b, 'b', 2)]
+        );
+        assert_eq!(s.pending(c).map(|p| p.count), Some(1));
+        assert!(s.claim_from(&dead[..1], "other", 10, 102).is_empty());
     }
 
     #[test]

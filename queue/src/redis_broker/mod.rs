@@ -24,8 +24,8 @@ use crate::types::{
     Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use codec::{
-    autoclaim_reply, int, items, job_fields, job_from_entry, json_field, malformed, read_reply,
-    string, Entry,
+    autoclaim_reply, entries, int, items, job_fields, job_from_entry, json_field, malformed,
+    read_reply, string, Entry,
 };
 use pool::BlockingPool;
 use scripts::Scripts;
@@ -260,6 +260,58 @@ impl RedisBroker {
         Ok(out)
     }
 
+    /// Logs and counts jobs `consumer` took over, and adds their re-prefill to the model's
+    /// prompt-token counter.
+    async fn took_over(
+        &self,
+        model: &str,
+        consumer: &str,
+        got: Vec<ClaimedJob>,
+    ) -> Vec<ClaimedJob> {
+        for j in &got {
+            tracing::info!(model, request_id = %j.job.id, consumer, attempt = j.attempt, "took over job");
+        }
+        // The taker prefills these again: they are new prefill demand for the autoscaler.
+        // The jobs are this consumer's already, so a failed count must not hide them from it.
+        let re_prefill: u64 = got.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
+        if re_prefill > 0 {
+            let mut c = self.conn.clone();
+            let counted: redis::RedisResult<i64> = redis::cmd("INCRBY")
+                .arg(self.keys.prompt_tokens(model))
+                .arg(re_prefill)
+                .query_async(&mut c)
+                .await;
+            if let Err(error) = counted {
+                tracing::warn!(model, %error, re_prefill, "could not count the re-prefill of jobs taken over");
+            }
+        }
+        count(m::TAKEN_OVER, model, got.len() as u64);
+        got
+    }
+
+    /// The outcome of an APPEND script's reply (`held`: the holder's variant).
+    fn appended(
+        id: Uuid,
+        event: &ResponseEvent,
+        held: Option<&ClaimedJob>,
+        v: &[i64],
+    ) -> Result<()> {
+        match (v, held) {
+            ([0, _], _) => Ok(()),
+            ([1, last], _) => Err(QueueError::SeqConflict {
+                id,
+                seq: event.seq(),
+                last: (*last).max(0) as u64,
+            }),
+            ([2, _], _) => Err(QueueError::ResponseFinished { id }),
+            ([3, _], Some(job)) => Err(Self::not_owner(job)),
+            _ => Err(QueueError::Malformed {
+                what: "append reply",
+                detail: format!("{v:?}"),
+            }),
+        }
+    }
+
     fn not_owner(job: &ClaimedJob) -> QueueError {
         QueueError::NotOwner {
             model: job.job.model.clone(),
@@ -365,25 +417,46 @@ impl Broker for RedisBroker {
                 .await?;
             got.extend(self.gate(model, &key, consumer, entries).await?);
         }
-        for j in &got {
-            tracing::info!(model, request_id = %j.job.id, consumer, attempt = j.attempt, "took over job");
+        Ok(self.took_over(model, consumer, got).await)
+    }
+
+    async fn take_over_dead(
+        &self,
+        model: &str,
+        consumer: &str,
+        now_ms: u64,
+        dead_after: Duration,
+        max: usize,
+    ) -> Result<Vec<ClaimedJob>> {
+        if max == 0 {
+            return Ok(Vec::new());
         }
-        // The taker prefills these again: they are new prefill demand for the autoscaler.
-        // The jobs are this consumer's already, so a failed count must not hide them from it.
-        let re_prefill: u64 = got.iter().map(|j| j.job.prompt_tokens_estimate()).sum();
-        if re_prefill > 0 {
-            let mut c = self.conn.clone();
-            let counted: redis::RedisResult<i64> = redis::cmd("INCRBY")
-                .arg(self.keys.prompt_tokens(model))
-                .arg(re_prefill)
-                .query_async(&mut c)
-                .await;
-            if let Err(error) = counted {
-                tracing::warn!(model, %error, re_prefill, "could not count the re-prefill of jobs taken over");
+        let dead: Vec<String> = self
+            .workers(model)
+            .await?
+            .into_iter()
+            .filter(|b| b.worker != consumer && is_stale(b, now_ms, dead_after))
+            .map(|b| b.worker)
+            .collect();
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut got = Vec::new();
+        for key in [self.keys.resumed(model), self.keys.jobs(model)] {
+            if got.len() >= max {
+                break;
             }
+            let mut c = self.conn.clone();
+            let mut inv = self.scripts.take_from.key(&key);
+            inv.arg(consumer).arg(max - got.len()).arg(&dead);
+            let v: Value = inv.invoke_async(&mut c).await?;
+            let claimed = entries(&v)?
+                .into_iter()
+                .filter(|e| e.fields.is_some())
+                .collect();
+            got.extend(self.gate(model, &key, consumer, claimed).await?);
         }
-        count(m::TAKEN_OVER, model, got.len() as u64);
-        Ok(got)
+        Ok(self.took_over(model, consumer, got).await)
     }
 
     async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>> {
@@ -577,19 +650,29 @@ impl Broker for RedisBroker {
             .arg(ms(self.config.response_ttl).max(1))
             .invoke_async(&mut c)
             .await?;
-        match v[..] {
-            [0, _] => Ok(()),
-            [1, last] => Err(QueueError::SeqConflict {
-                id,
-                seq: event.seq(),
-                last: last.max(0) as u64,
-            }),
-            [2, _] => Err(QueueError::ResponseFinished { id }),
-            _ => Err(QueueError::Malformed {
-                what: "append reply",
-                detail: format!("{v:?}"),
-            }),
-        }
+        Self::appended(id, event, None, &v)
+    }
+
+    async fn append_held(&self, job: &ClaimedJob, event: &ResponseEvent) -> Result<()> {
+        let id = job.job.id;
+        let mut c = self.conn.clone();
+        let v: Vec<i64> = self
+            .scripts
+            .append_held
+            .key(self.keys.resp(id))
+            .key(
+                self.keys
+                    .job_stream(&job.job.model, job.job.resume.is_some()),
+            )
+            .arg(event.seq())
+            .arg(if event.is_terminal() { "1" } else { "0" })
+            .arg(serde_json::to_string(event)?)
+            .arg(ms(self.config.response_ttl).max(1))
+            .arg(&job.entry_id)
+            .arg(&job.consumer)
+            .invoke_async(&mut c)
+            .await?;
+        Self::appended(id, event, Some(job), &v)
     }
 
     async fn read_responses(
@@ -701,13 +784,17 @@ impl Broker for RedisBroker {
         Ok(records == 1)
     }
 
-    async fn cancel(&self, id: Uuid) -> Result<()> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(self.keys.cancel(id))
-            .arg("1")
-            .arg("PX")
-            .arg(ms(self.config.request_ttl).max(1));
-        self.query::<Value>(&cmd).await?;
+    async fn cancel(&self, id: Uuid, delivered_seq: u64) -> Result<()> {
+        let mut c = self.conn.clone();
+        let _: i64 = self
+            .scripts
+            .cancel
+            .key(self.keys.cancel(id))
+            .key(self.keys.request(id))
+            .arg(delivered_seq)
+            .arg(ms(self.config.request_ttl).max(1))
+            .invoke_async(&mut c)
+            .await?;
         Ok(())
     }
 
@@ -717,7 +804,7 @@ impl Broker for RedisBroker {
         Ok(self.query::<i64>(&cmd).await? == 1)
     }
 
-    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<bool>> {
+    async fn cancelled(&self, ids: &[Uuid]) -> Result<Vec<Option<u64>>> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -726,7 +813,12 @@ impl Broker for RedisBroker {
             cmd.arg(self.keys.cancel(*id));
         }
         let flags: Vec<Option<String>> = self.query(&cmd).await?;
-        Ok(flags.into_iter().map(|f| f.is_some()).collect())
+        // A flag that holds no seq still cancels; it bills everything written, as a worker
+        // cannot tell what was delivered.
+        Ok(flags
+            .into_iter()
+            .map(|f| f.map(|seq| seq.parse().unwrap_or(u64::MAX)))
+            .collect())
     }
 
     async fn publish_usage(&self, event: &UsageEvent) -> Result<EntryId> {

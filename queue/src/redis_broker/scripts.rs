@@ -134,6 +134,38 @@ end
 return out
 "#;
 
+/// Takeover of dead consumers' jobs. KEYS: a jobs stream. ARGV: taker, max, then the
+/// consumers presumed dead. Moves up to `max` entries pending for those consumers to the
+/// taker (`XCLAIM` raises their delivery count) and returns them as `[id, fields]` pairs.
+/// The holders are read and changed in one step, so two takers never share an entry.
+const TAKE_FROM: &str = r#"
+local out = {}
+local max = tonumber(ARGV[2])
+local summary = redis.pcall('XPENDING', KEYS[1], 'workers')
+if type(summary) ~= 'table' or summary.err or type(summary[4]) ~= 'table' then return out end
+local holds = {}
+for _, c in ipairs(summary[4]) do holds[c[1]] = true end
+for i = 3, #ARGV do
+  if #out >= max then break end
+  if holds[ARGV[i]] and ARGV[i] ~= ARGV[1] then
+    local p = redis.call('XPENDING', KEYS[1], 'workers', '-', '+', max - #out, ARGV[i])
+    for _, e in ipairs(p) do
+      for _, entry in ipairs(redis.call('XCLAIM', KEYS[1], 'workers', ARGV[1], 0, e[1])) do
+        if type(entry) == 'table' then out[#out + 1] = entry end
+      end
+    end
+  end
+end
+return out
+"#;
+
+/// Prefix of APPEND for a holder's write. KEYS[2]: the entry's jobs stream. ARGV[5], ARGV[6]:
+/// entry, consumer. Returns `{3, 0}` when the consumer no longer holds the entry.
+const HELD: &str = r#"
+local p = redis.pcall('XPENDING', KEYS[2], 'workers', ARGV[5], ARGV[5], 1)
+if type(p) ~= 'table' or p.err or #p == 0 or p[1][2] ~= ARGV[6] then return {3, 0} end
+"#;
+
 /// Append a response event. KEYS: resp. ARGV: seq, terminal (0/1), event JSON, ttl_ms.
 /// Entry ids are `0-<seq>`. Returns `{0, seq}` on success, `{1, last}` when seq is not
 /// last + 1, `{2, last}` when the stream already ended.
@@ -190,6 +222,19 @@ local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
 return {b1, p1, w1, b2, p2, w2, tokens, redis.call('SCARD', KEYS[4])}
 "#;
 
+/// Cancel a request. KEYS: cancel flag, request record. ARGV: delivered seq, ttl_ms. The flag
+/// keeps the larger seq; the record goes, the response stream stays for the worker.
+const CANCEL: &str = r#"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '')
+if cur == nil or tonumber(ARGV[1]) > cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+redis.call('DEL', KEYS[2])
+return 1
+"#;
+
 /// The loaded scripts (EVALSHA, reloaded transparently after a server restart).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -201,8 +246,11 @@ pub(crate) struct Scripts {
     pub submit: Script,
     pub release_key: Script,
     pub keep_alive: Script,
+    pub take_from: Script,
     pub append: Script,
+    pub append_held: Script,
     pub depth: Script,
+    pub cancel: Script,
 }
 
 impl Scripts {
@@ -216,8 +264,11 @@ impl Scripts {
             submit: Script::new(SUBMIT),
             release_key: Script::new(RELEASE_KEY),
             keep_alive: Script::new(KEEP_ALIVE),
+            take_from: Script::new(TAKE_FROM),
             append: Script::new(APPEND),
+            append_held: Script::new(&format!("{HELD}{APPEND}")),
             depth: Script::new(DEPTH),
+            cancel: Script::new(CANCEL),
         }
     }
 }

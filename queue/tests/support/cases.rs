@@ -450,7 +450,7 @@ pub async fn cancellation(h: &dyn Harness) {
     let queued = job(h, &m);
     assert!(!b.is_cancelled(queued.id).await.unwrap());
     b.enqueue(&queued).await.unwrap();
-    b.cancel(queued.id).await.unwrap();
+    b.cancel(queued.id, 0).await.unwrap();
     assert!(b.is_cancelled(queued.id).await.unwrap());
     assert!(b.claim(&m, "w1", 10, NO_WAIT).await.unwrap().is_empty());
     assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
@@ -458,7 +458,7 @@ pub async fn cancellation(h: &dyn Harness) {
     let running = job(h, &m);
     b.enqueue(&running).await.unwrap();
     let c = b.claim(&m, "dead", 1, NO_WAIT).await.unwrap().remove(0);
-    b.cancel(running.id).await.unwrap();
+    b.cancel(running.id, 0).await.unwrap();
     h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
     let t: Vec<ClaimedJob> = b.take_over(&m, "live", CLAIM_TIMEOUT, 10).await.unwrap();
     assert_eq!(t.len(), 1);
@@ -772,18 +772,56 @@ pub async fn keep_alive_prevents_takeover(h: &dyn Harness) {
 pub async fn cancel_flags_in_one_call(h: &dyn Harness) {
     let b = h.broker();
     let ids: Vec<Uuid> = (0..4).map(|_| Uuid::now_v7()).collect();
-    assert_eq!(b.cancelled(&[]).await.unwrap(), Vec::<bool>::new());
-    assert_eq!(b.cancelled(&ids).await.unwrap(), vec![false; 4]);
-    b.cancel(ids[1]).await.unwrap();
-    b.cancel(ids[3]).await.unwrap();
+    assert_eq!(b.cancelled(&[]).await.unwrap(), Vec::<Option<u64>>::new());
+    assert_eq!(b.cancelled(&ids).await.unwrap(), vec![None; 4]);
+    b.cancel(ids[1], 0).await.unwrap();
+    b.cancel(ids[3], 7).await.unwrap();
     assert_eq!(
         b.cancelled(&ids).await.unwrap(),
-        vec![false, true, false, true]
+        vec![None, Some(0), None, Some(7)]
     );
     assert_eq!(
         b.cancelled(&[ids[3], ids[0]]).await.unwrap(),
-        vec![true, false]
+        vec![Some(7), None]
     );
+}
+
+/// A cancel carries the seq of the last response event the client was handed: the flag
+/// keeps the largest such seq, the request's record goes, and its response stream stays so
+/// that the worker can end it and bill the deltas up to that seq.
+pub async fn cancel_carries_the_delivered_seq(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    enqueued(b.submit(&j, &record_of(h, &j)).await.unwrap());
+    let c = b.claim(&m, "w", 1, NO_WAIT).await.unwrap().remove(0);
+    for seq in 1..=3 {
+        b.append_response(j.id, &delta(seq, "a", &[seq as u32]))
+            .await
+            .unwrap();
+    }
+    b.cancel(j.id, 2).await.unwrap();
+    assert_eq!(b.cancelled(&[j.id]).await.unwrap(), vec![Some(2)]);
+    assert!(b.is_cancelled(j.id).await.unwrap());
+    assert_eq!(b.request(j.id).await.unwrap(), None, "the record goes");
+    let stream = b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap();
+    assert_eq!(seqs(&stream), vec![1, 2, 3], "the stream stays");
+    // Its worker goes on writing to it: the cancelled event ends it.
+    let end = ResponseEvent::Error {
+        seq: 4,
+        status: 499,
+        code: "cancelled".into(),
+        param: None,
+        message: "the request was cancelled".into(),
+    };
+    b.append_response(j.id, &end).await.unwrap();
+    // Another reader going away later: the larger seq wins, a smaller one changes nothing.
+    b.cancel(j.id, 1).await.unwrap();
+    assert_eq!(b.cancelled(&[j.id]).await.unwrap(), vec![Some(2)]);
+    b.cancel(j.id, 3).await.unwrap();
+    assert_eq!(b.cancelled(&[j.id]).await.unwrap(), vec![Some(3)]);
+    b.ack(&c).await.unwrap();
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
 }
 
 /// The record of job `j` as the gateway writes it (the broker fills in the entry id).
@@ -1052,4 +1090,156 @@ pub async fn decoding_jobs_are_counted(h: &dyn Harness) {
     assert_eq!(decoding(b.depth(&m).await.unwrap()), (3, 1));
     b.purge_model(&m).await.unwrap();
     assert_eq!(decoding(b.depth(&m).await.unwrap()), (0, 0));
+}
+
+/// A consumer whose heartbeat is stale has its pending jobs taken over at once, however
+/// recently it renewed them (resumed jobs first, at most `max` per call); a consumer with a
+/// fresh heartbeat keeps its jobs, the taker never takes its own, and a consumer that never
+/// wrote a heartbeat is left to the claim-timeout takeover.
+pub async fn take_over_dead_consumers(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let jobs: Vec<Job> = (0..4).map(|_| job(h, &m)).collect();
+    enqueue_all(&*b, &jobs).await;
+    let first = b.claim(&m, "dead", 1, NO_WAIT).await.unwrap().remove(0);
+    b.requeue(&first, Resume::default()).await.unwrap();
+    // dead holds the resumed job 0 and job 1, fresh holds job 2, ghost job 3
+    let dead = b.claim(&m, "dead", 2, NO_WAIT).await.unwrap();
+    let ids: Vec<Uuid> = dead.iter().map(|c| c.job.id).collect();
+    assert_eq!(ids, vec![jobs[0].id, jobs[1].id]);
+    let fresh = b.claim(&m, "fresh", 1, NO_WAIT).await.unwrap().remove(0);
+    let ghost = b.claim(&m, "ghost", 1, NO_WAIT).await.unwrap().remove(0);
+    let now = h.now_ms();
+    let dead_after = Duration::from_secs(3);
+    b.heartbeat(&beat(&m, "dead", 2, now - 3_001))
+        .await
+        .unwrap();
+    b.heartbeat(&beat(&m, "fresh", 1, now - 3_000))
+        .await
+        .unwrap();
+    // Nobody is stale yet at the moment dead last beat plus dead_after.
+    assert!(b
+        .take_over_dead(&m, "fresh", now - 1, dead_after, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(b.keep_alive(&dead).await.unwrap(), vec![true, true]);
+    let one = b
+        .take_over_dead(&m, "fresh", now, dead_after, 1)
+        .await
+        .unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(
+        (one[0].job.id, one[0].consumer.as_str(), one[0].attempt),
+        (jobs[0].id, "fresh", 2)
+    );
+    assert_eq!(one[0].segment(), 2);
+    let rest = b
+        .take_over_dead(&m, "fresh", now, dead_after, 10)
+        .await
+        .unwrap();
+    assert_eq!(rest.len(), 1);
+    assert_eq!((rest[0].job.id, rest[0].attempt), (jobs[1].id, 2));
+    // fresh's own job and the ghost's are where they were; the dead one lost both
+    assert_eq!(
+        b.keep_alive(&[fresh.clone(), ghost.clone()]).await.unwrap(),
+        vec![true, true]
+    );
+    assert_eq!(b.keep_alive(&dead).await.unwrap(), vec![false, false]);
+    assert!(matches!(
+        b.ack(&dead[1]).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    // fresh is now the holder nobody may take from while it beats; the dead one has nothing
+    assert!(b
+        .take_over_dead(&m, "third", now, dead_after, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    // once fresh goes stale too, a third consumer takes everything it holds
+    let later = now + 5_000;
+    b.heartbeat(&beat(&m, "third", 0, later)).await.unwrap();
+    let all = b
+        .take_over_dead(&m, "third", later, dead_after, 10)
+        .await
+        .unwrap();
+    let mut ids: Vec<Uuid> = all.iter().map(|c| c.job.id).collect();
+    ids.sort();
+    let mut want = vec![jobs[0].id, jobs[1].id, jobs[2].id];
+    want.sort();
+    assert_eq!(ids, want);
+    // the ghost never beat: only the claim timeout hands its job on
+    h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
+    assert_eq!(b.keep_alive(&all).await.unwrap(), vec![true; 3]);
+    let backstop = b.take_over(&m, "third", CLAIM_TIMEOUT, 10).await.unwrap();
+    assert_eq!(backstop.len(), 1);
+    assert_eq!((backstop[0].job.id, backstop[0].attempt), (ghost.job.id, 2));
+    for c in all.iter().chain(&backstop) {
+        b.ack(c).await.unwrap();
+    }
+    assert_eq!(b.depth(&m).await.unwrap().in_flight, 0);
+}
+
+/// A holder's appends succeed only while it holds the entry: once the job is taken over,
+/// acked or re-enqueued, the old holder's write is refused with `NotOwner` and the stream
+/// is unchanged, so a worker presumed dead stops at its next write. The seq and end rules
+/// still hold for the holder.
+pub async fn held_appends_are_fenced(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    b.enqueue(&j).await.unwrap();
+    let w1 = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    b.append_held(&w1, &delta(1, "a", &[1])).await.unwrap();
+    assert!(matches!(
+        b.append_held(&w1, &delta(3, "c", &[3])).await,
+        Err(QueueError::SeqConflict { last: 1, .. })
+    ));
+    // an impostor naming the entry is refused
+    let impostor = ClaimedJob {
+        consumer: "w9".into(),
+        ..w1.clone()
+    };
+    assert!(matches!(
+        b.append_held(&impostor, &delta(2, "x", &[9])).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    // w1 stops beating and w2 takes the job over: w1's next write is refused
+    b.heartbeat(&beat(&m, "w1", 1, h.now_ms() - 10_000))
+        .await
+        .unwrap();
+    let w2 = b
+        .take_over_dead(&m, "w2", h.now_ms(), Duration::from_secs(3), 1)
+        .await
+        .unwrap()
+        .remove(0);
+    assert!(matches!(
+        b.append_held(&w1, &delta(2, "x", &[9])).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    assert_eq!(
+        seqs(&b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap()),
+        [1]
+    );
+    // the taker re-enqueues it: the entry is gone, so nobody writes through it any more
+    let so_far = b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap();
+    b.requeue(&w2, Resume::from_events(&so_far)).await.unwrap();
+    assert!(matches!(
+        b.append_held(&w2, &delta(2, "x", &[9])).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    let w3 = b.claim(&m, "w3", 1, NO_WAIT).await.unwrap().remove(0);
+    b.append_held(&w3, &delta(2, "b", &[2])).await.unwrap();
+    b.append_held(&w3, &done(3)).await.unwrap();
+    assert!(matches!(
+        b.append_held(&w3, &delta(4, "x", &[9])).await,
+        Err(QueueError::ResponseFinished { .. })
+    ));
+    b.ack(&w3).await.unwrap();
+    assert!(matches!(
+        b.append_held(&w3, &delta(4, "x", &[9])).await,
+        Err(QueueError::NotOwner { .. })
+    ));
+    let all = b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap();
+    assert_eq!(all, vec![delta(1, "a", &[1]), delta(2, "b", &[2]), done(3)]);
 }

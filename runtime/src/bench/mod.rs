@@ -26,6 +26,7 @@ fn fixed_length_request(prompt: Vec<u32>, max_tokens: usize) -> GenerationReques
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         resume: None,
+        cache_scope: Default::default(),
     }
 }
 

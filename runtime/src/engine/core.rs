@@ -88,6 +88,7 @@ impl EngineCore {
                 events,
             } => {
                 let resume = request.resume.take();
+                let scope = std::mem::take(&mut request.cache_scope);
                 let mut state = SeqState::new(request, events);
                 if let Some(from) = resume {
                     let context_length = self.executor.config().context_length;
@@ -100,7 +101,10 @@ impl EngineCore {
                 // A resumed sequence prefills its delivered tokens after the prompt.
                 let tokens = state.scheduled_tokens();
                 let prefill = tokens.len();
-                if let Err(e) = self.scheduler.add(id, tokens, state.remaining_tokens()) {
+                let added = self
+                    .scheduler
+                    .add_scoped(id, tokens, state.remaining_tokens(), scope);
+                if let Err(e) = added {
                     state.fail(e.to_string());
                     return;
                 }

@@ -1,5 +1,6 @@
 //! What callers hand the engine and what they get back.
 
+use crate::kv_cache::CacheScope;
 use crate::sampling::SamplingParams;
 
 /// What the engine is asked to generate: already tokenised and validated.
@@ -19,6 +20,10 @@ pub struct GenerationRequest {
     /// Continue a generation another worker started (preemption-safe generation): its
     /// delivered tokens are prefilled after the prompt and count as generated tokens.
     pub resume: Option<ResumeFrom>,
+    /// Which prefix-cache blocks the request may reuse and leave for others: the queue
+    /// worker salts with the tenant so no tenant can probe another's prompts through
+    /// `cached_tokens`; the direct server (no tenants) uses the unsalted scope.
+    pub cache_scope: CacheScope,
 }
 
 /// What an earlier run of the same request already delivered to the client.

@@ -98,6 +98,7 @@ fn greedy(max_tokens: usize) -> GenerationRequest {
         stop_token_ids: Vec::new(),
         ignore_eos: true,
         resume: None,
+        cache_scope: Default::default(),
     }
 }
 

@@ -7,6 +7,7 @@
 //! and a cached block is never written again, which is what makes sharing it safe.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::free_queue::FreeBlockQueue;
 use super::hash::BlockHash;
@@ -17,6 +18,9 @@ use super::KvCacheError;
 struct CachedContent {
     hash: BlockHash,
     parent: Option<BlockHash>,
+    /// The salt this block brings into its chain (`CacheScope::salt_of_block`), compared too
+    /// so that no hash collision can ever hand one tenant's block to another.
+    salt: Option<Arc<str>>,
     tokens: Box<[u32]>,
 }
 
@@ -78,16 +82,20 @@ impl BlockPool {
             .map(|c| c.hash)
     }
 
-    /// The cached block named `hash` whose content is exactly (`parent`, `tokens`).
+    /// The cached block named `hash` whose content is exactly (`parent`, `salt`, `tokens`).
     pub fn lookup(
         &self,
         hash: BlockHash,
         parent: Option<BlockHash>,
+        salt: Option<&str>,
         tokens: &[u32],
     ) -> Option<u32> {
         let id = *self.by_hash.get(&hash)?;
         let content = self.blocks.get(id as usize)?.cached.as_ref()?;
-        (content.hash == hash && content.parent == parent && *content.tokens == *tokens)
+        (content.hash == hash
+            && content.parent == parent
+            && content.salt.as_deref() == salt
+            && *content.tokens == *tokens)
             .then_some(id)
     }
 
@@ -157,6 +165,7 @@ impl BlockPool {
         block: u32,
         hash: BlockHash,
         parent: Option<BlockHash>,
+        salt: Option<&str>,
         tokens: &[u32],
     ) -> bool {
         if self.by_hash.contains_key(&hash) {
@@ -171,6 +180,7 @@ impl BlockPool {
         meta.cached = Some(CachedContent {
             hash,
             parent,
+            salt: salt.map(Arc::from),
             tokens: tokens.into(),
         });
         self.by_hash.insert(hash, block);
@@ -282,7 +292,7 @@ mod tests {
         let mut p = BlockPool::new(3).unwrap();
         let b = p.allocate(1).unwrap()[0];
         let h = hash_block(None, &[1, 2]);
-        assert!(p.cache(b, h, None, &[1, 2]));
+        assert!(p.cache(b, h, None, None, &[1, 2]));
         p.touch(&[b]);
         assert_eq!(p.ref_count(b), 2);
         p.release([b]);
@@ -301,7 +311,7 @@ mod tests {
         let mut p = BlockPool::new(3).unwrap();
         let got = p.allocate(3).unwrap();
         let h = hash_block(None, &[9]);
-        assert!(p.cache(got[0], h, None, &[9]));
+        assert!(p.cache(got[0], h, None, None, &[9]));
         p.release([got[0], got[1], got[2]]);
         // got[0] is cached: back of the queue; the others jump ahead of it.
         assert_eq!(
@@ -310,7 +320,7 @@ mod tests {
         );
         let again = p.allocate(2).unwrap();
         assert!(!again.contains(&got[0]));
-        assert_eq!(p.lookup(h, None, &[9]), Some(got[0]));
+        assert_eq!(p.lookup(h, None, None, &[9]), Some(got[0]));
         p.check_invariants().unwrap();
     }
 
@@ -320,7 +330,7 @@ mod tests {
         let got = p.allocate(4).unwrap();
         let hashes: Vec<BlockHash> = (0..4).map(|i| hash_block(None, &[i])).collect();
         for i in 0..4 {
-            assert!(p.cache(got[i], hashes[i], None, &[i as u32]));
+            assert!(p.cache(got[i], hashes[i], None, None, &[i as u32]));
         }
         // Released in the order 2, 0, 3, 1: that is the eviction order.
         for i in [2usize, 0, 3, 1] {
@@ -337,7 +347,7 @@ mod tests {
         }
         assert_eq!(evicted, vec![got[2], got[3], got[1], got[0]]);
         for (i, h) in hashes.iter().enumerate() {
-            assert_eq!(p.lookup(*h, None, &[i as u32]), None);
+            assert_eq!(p.lookup(*h, None, None, &[i as u32]), None);
         }
         assert_eq!(p.num_cached(), 0);
         p.check_invariants().unwrap();
@@ -349,12 +359,22 @@ mod tests {
         let b = p.allocate(1).unwrap()[0];
         let parent = hash_block(None, &[0]);
         let h = hash_block(Some(parent), &[1, 2]);
-        assert!(p.cache(b, h, Some(parent), &[1, 2]));
-        assert_eq!(p.lookup(h, Some(parent), &[1, 2]), Some(b));
+        assert!(p.cache(b, h, Some(parent), None, &[1, 2]));
+        assert_eq!(p.lookup(h, Some(parent), None, &[1, 2]), Some(b));
         // A (forced) collision: same hash, other tokens or parent, must not hit.
-        assert_eq!(p.lookup(h, Some(parent), &[1, 3]), None);
-        assert_eq!(p.lookup(h, None, &[1, 2]), None);
-        assert_eq!(p.lookup(BlockHash(h.0 + 1), Some(parent), &[1, 2]), None);
+        assert_eq!(p.lookup(h, Some(parent), None, &[1, 3]), None);
+        assert_eq!(p.lookup(h, None, None, &[1, 2]), None);
+        assert_eq!(
+            p.lookup(BlockHash(h.0 + 1), Some(parent), None, &[1, 2]),
+            None
+        );
+        // A salted block hits only with its own salt, even on a (forced) hash collision.
+        let b2 = p.allocate(1).unwrap()[0];
+        let s = hash_block(None, &[4]);
+        assert!(p.cache(b2, s, None, Some("acme"), &[4]));
+        assert_eq!(p.lookup(s, None, Some("acme"), &[4]), Some(b2));
+        assert_eq!(p.lookup(s, None, Some("globex"), &[4]), None);
+        assert_eq!(p.lookup(s, None, None, &[4]), None);
     }
 
     #[test]
@@ -362,18 +382,18 @@ mod tests {
         let mut p = BlockPool::new(3).unwrap();
         let got = p.allocate(2).unwrap();
         let h = hash_block(None, &[5]);
-        assert!(p.cache(got[0], h, None, &[5]));
-        assert!(!p.cache(got[1], h, None, &[5]), "first copy wins");
+        assert!(p.cache(got[0], h, None, None, &[5]));
+        assert!(!p.cache(got[1], h, None, None, &[5]), "first copy wins");
         assert!(
-            !p.cache(got[0], hash_block(None, &[6]), None, &[6]),
+            !p.cache(got[0], hash_block(None, &[6]), None, None, &[6]),
             "already cached"
         );
         assert!(
-            !p.cache(2, hash_block(None, &[7]), None, &[7]),
+            !p.cache(2, hash_block(None, &[7]), None, None, &[7]),
             "free block"
         );
         assert!(
-            !p.cache(77, hash_block(None, &[8]), None, &[8]),
+            !p.cache(77, hash_block(None, &[8]), None, None, &[8]),
             "unknown block"
         );
         assert_eq!(p.num_cached(), 1);

@@ -4,6 +4,70 @@
 //! block's name only when their whole prefix up to and including that block is equal. The
 //! hash is 64-bit FNV-1a: fixed, seedless and the same on every machine and run, so cache
 //! identities are reproducible. Collisions are harmless: the pool compares contents on lookup.
+//!
+//! A [`CacheScope`] keeps tenants apart (vLLM's `cache_salt`): the first block of a salted
+//! sequence that is not part of its public shared prefix is hashed with the salt, and every
+//! later block inherits it through the chain, so sequences of different scopes never share a
+//! block after that point, even for identical tokens.
+
+use std::sync::Arc;
+
+/// Which prefix-cache blocks a sequence may share with others.
+///
+/// The default scope has no salt: every unsalted sequence shares with every other (the
+/// direct server, which has no tenants). A salted scope (the queue worker salts with the
+/// job's tenant) shares only with sequences of the same salt, except for the blocks lying
+/// wholly inside its first `shared_tokens` tokens: those are the operator's public shared
+/// prefix (a system prompt every tenant sends), hashed without the salt so every scope
+/// reuses them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheScope {
+    salt: Option<Arc<str>>,
+    shared_tokens: usize,
+}
+
+impl CacheScope {
+    /// The unsalted scope, shared by every sequence without a salt.
+    pub const fn unsalted() -> Self {
+        CacheScope {
+            salt: None,
+            shared_tokens: 0,
+        }
+    }
+
+    /// The scope of `salt`: no block is shared with another salt (or with unsalted
+    /// sequences).
+    pub fn salted(salt: impl Into<Arc<str>>) -> Self {
+        CacheScope {
+            salt: Some(salt.into()),
+            shared_tokens: 0,
+        }
+    }
+
+    /// This scope, except that the blocks wholly inside the sequence's first `tokens` tokens
+    /// (a public shared prefix the sequence starts with) are hashed without the salt.
+    pub fn with_shared_prefix(mut self, tokens: usize) -> Self {
+        self.shared_tokens = tokens;
+        self
+    }
+
+    /// The salt, if any.
+    pub fn salt(&self) -> Option<&str> {
+        self.salt.as_deref()
+    }
+
+    /// Leading tokens hashed without the salt.
+    pub fn shared_tokens(&self) -> usize {
+        self.shared_tokens
+    }
+
+    /// The salt that block `index` is hashed with (blocks of `block_size` tokens): only the
+    /// first block past the shared prefix takes it; the chain carries it on from there.
+    pub fn salt_of_block(&self, index: usize, block_size: usize) -> Option<&str> {
+        let first_salted = self.shared_tokens / block_size.max(1);
+        self.salt.as_deref().filter(|_| index == first_salted)
+    }
+}
 
 /// Identity of a full block of tokens in the prefix cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -28,11 +92,28 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
 
 /// Hash of one block given its parent's hash (`None` for the first block of a sequence).
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    // A tag byte keeps "no parent" distinct from any parent hash value.
-    let mut h = match parent {
-        None => fnv1a_extend(FNV_OFFSET_BASIS, &[0]),
-        Some(p) => fnv1a_extend(fnv1a_extend(FNV_OFFSET_BASIS, &[1]), &p.0.to_le_bytes()),
-    };
+    hash_salted_block(parent, None, tokens)
+}
+
+/// Hash of one block given its parent's hash and the salt it introduces into the chain
+/// (see [`CacheScope::salt_of_block`]); without a salt, [`hash_block`].
+pub fn hash_salted_block(
+    parent: Option<BlockHash>,
+    salt: Option<&str>,
+    tokens: &[u32],
+) -> BlockHash {
+    // A tag byte keeps "no parent" distinct from any parent hash value, and salted blocks
+    // distinct from unsalted ones.
+    let tag = u8::from(parent.is_some()) | if salt.is_some() { 2 } else { 0 };
+    let mut h = fnv1a_extend(FNV_OFFSET_BASIS, &[tag]);
+    if let Some(p) = parent {
+        h = fnv1a_extend(h, &p.0.to_le_bytes());
+    }
+    if let Some(salt) = salt {
+        // Length-prefixed, so salt bytes can never be read as tokens.
+        h = fnv1a_extend(h, &(salt.len() as u64).to_le_bytes());
+        h = fnv1a_extend(h, salt.as_bytes());
+    }
     // The length keeps blocks of different sizes apart.
     h = fnv1a_extend(h, &(tokens.len() as u64).to_le_bytes());
     for t in tokens {
@@ -41,9 +122,14 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
     BlockHash(h)
 }
 
-/// Extends `hashes` (the chain of the first `hashes.len()` full blocks of `tokens`) with the
-/// hashes of every further full block of `tokens`.
-pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_size: usize) {
+/// Extends `hashes` (the chain of the first `hashes.len()` full blocks of `tokens` in
+/// `scope`) with the hashes of every further full block of `tokens`.
+pub fn extend_block_hashes(
+    hashes: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: usize,
+    scope: &CacheScope,
+) {
     if block_size == 0 {
         return;
     }
@@ -55,14 +141,27 @@ pub fn extend_block_hashes(hashes: &mut Vec<BlockHash>, tokens: &[u32], block_si
         .skip(hashes.len())
     {
         let parent = i.checked_sub(1).and_then(|j| hashes.get(j).copied());
-        hashes.push(hash_block(parent, chunk));
+        hashes.push(hash_salted_block(
+            parent,
+            scope.salt_of_block(i, block_size),
+            chunk,
+        ));
     }
 }
 
-/// Hashes of every full block of `tokens`.
+/// Hashes of every full block of `tokens` in the unsalted scope.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
+    scoped_block_hashes(tokens, block_size, &CacheScope::unsalted())
+}
+
+/// Hashes of every full block of `tokens` in `scope`.
+pub fn scoped_block_hashes(
+    tokens: &[u32],
+    block_size: usize,
+    scope: &CacheScope,
+) -> Vec<BlockHash> {
     let mut hashes = Vec::with_capacity(tokens.len() / block_size.max(1));
-    extend_block_hashes(&mut hashes, tokens, block_size);
+    extend_block_hashes(&mut hashes, tokens, block_size, scope);
     hashes
 }
 
@@ -119,12 +218,65 @@ mod tests {
     }
 
     #[test]
+    fn salted_chains_share_nothing_with_other_salts() {
+        let tokens: Vec<u32> = (0..20).collect();
+        let plain = block_hashes(&tokens, 4);
+        let a = scoped_block_hashes(&tokens, 4, &CacheScope::salted("tenant-a"));
+        let b = scoped_block_hashes(&tokens, 4, &CacheScope::salted("tenant-b"));
+        let empty = scoped_block_hashes(&tokens, 4, &CacheScope::salted(""));
+        assert_eq!(
+            a,
+            scoped_block_hashes(&tokens, 4, &CacheScope::salted("tenant-a"))
+        );
+        for i in 0..plain.len() {
+            let row = [plain[i], a[i], b[i], empty[i]];
+            for (x, hx) in row.iter().enumerate() {
+                for hy in &row[x + 1..] {
+                    assert_ne!(hx, hy, "block {i}");
+                }
+            }
+        }
+        // The salt is length-prefixed: moving bytes between salt and tokens changes the hash.
+        assert_ne!(
+            hash_salted_block(None, Some("ab"), &[1]),
+            hash_salted_block(None, Some("a"), &[1])
+        );
+    }
+
+    #[test]
+    fn blocks_inside_the_shared_prefix_are_unsalted() {
+        let tokens: Vec<u32> = (0..20).collect();
+        let plain = block_hashes(&tokens, 4);
+        // 10 shared tokens: blocks 0 and 1 lie wholly inside them, block 2 straddles the end.
+        let a = scoped_block_hashes(&tokens, 4, &CacheScope::salted("a").with_shared_prefix(10));
+        let b = scoped_block_hashes(&tokens, 4, &CacheScope::salted("b").with_shared_prefix(10));
+        assert_eq!(a[..2], plain[..2]);
+        assert_eq!(b[..2], plain[..2]);
+        for i in 2..plain.len() {
+            assert_ne!(a[i], plain[i], "block {i}");
+            assert_ne!(a[i], b[i], "block {i}");
+        }
+        assert_eq!(
+            a[2],
+            hash_salted_block(Some(plain[1]), Some("a"), &tokens[8..12])
+        );
+        assert_eq!(a[3], hash_block(Some(a[2]), &tokens[12..16]));
+        // A shared prefix covering every block leaves the chain unsalted.
+        let all = CacheScope::salted("a").with_shared_prefix(20);
+        assert_eq!(scoped_block_hashes(&tokens, 4, &all), plain);
+    }
+
+    #[test]
     fn extending_incrementally_equals_hashing_at_once() {
         let tokens: Vec<u32> = (0..50).map(|i| i * 7 % 13).collect();
         let mut inc = Vec::new();
+        let scope = CacheScope::salted("acme").with_shared_prefix(12);
+        let mut salted = Vec::new();
         for end in 0..=tokens.len() {
-            extend_block_hashes(&mut inc, &tokens[..end], 5);
+            extend_block_hashes(&mut inc, &tokens[..end], 5, &CacheScope::unsalted());
             assert_eq!(inc, block_hashes(&tokens[..end], 5));
+            extend_block_hashes(&mut salted, &tokens[..end], 5, &scope);
+            assert_eq!(salted, scoped_block_hashes(&tokens[..end], 5, &scope));
         }
         assert_eq!(inc.len(), 10);
         assert!(block_hashes(&tokens, 0).is_empty());

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use super::block_pool::BlockPool;
-use super::hash::BlockHash;
+use super::hash::{BlockHash, CacheScope};
 use super::KvCacheError;
 
 /// Identifier of a sequence (one generation request).
@@ -113,11 +113,17 @@ impl KvCacheManager {
         self.prefix_caching
     }
 
-    /// The longest cached full-block prefix of `tokens`, given the hash chain of its full
-    /// blocks (`hash::block_hashes`). Never covers the last token: a fully cached prompt
-    /// still computes its last block so the model produces logits (vLLM does the same).
-    /// Does not count towards the stats; see [`Self::record_prefix_query`].
-    pub fn lookup_prefix(&self, tokens: &[u32], hashes: &[BlockHash]) -> PrefixHit {
+    /// The longest cached full-block prefix of `tokens` in `scope`, given the hash chain of
+    /// its full blocks in that scope (`hash::scoped_block_hashes`). Never covers the last
+    /// token: a fully cached prompt still computes its last block so the model produces
+    /// logits (vLLM does the same). Does not count towards the stats; see
+    /// [`Self::record_prefix_query`].
+    pub fn lookup_prefix(
+        &self,
+        tokens: &[u32],
+        hashes: &[BlockHash],
+        scope: &CacheScope,
+    ) -> PrefixHit {
         let mut hit = PrefixHit::default();
         if !self.prefix_caching || tokens.is_empty() {
             return hit;
@@ -130,7 +136,8 @@ impl KvCacheManager {
             .enumerate()
         {
             let parent = i.checked_sub(1).and_then(|j| hashes.get(j).copied());
-            match self.pool.lookup(hash, parent, chunk) {
+            let salt = scope.salt_of_block(i, self.block_size);
+            match self.pool.lookup(hash, parent, salt, chunk) {
                 Some(block) => {
                     hit.blocks.push(block);
                     hit.hashes.push(hash);
@@ -219,13 +226,14 @@ impl KvCacheManager {
 
     /// Records that `seq`'s first `num_computed` positions now hold computed KV, and enters
     /// every newly completed full block into the prefix cache. `tokens` and `hashes` are the
-    /// sequence's known tokens and the hash chain of their full blocks.
+    /// sequence's known tokens and the hash chain of their full blocks in `scope`.
     pub fn commit(
         &mut self,
         seq: SeqId,
         tokens: &[u32],
         hashes: &[BlockHash],
         num_computed: usize,
+        scope: &CacheScope,
     ) {
         if !self.prefix_caching {
             return;
@@ -239,8 +247,9 @@ impl KvCacheManager {
         for i in s.num_committed_blocks..full {
             let parent = i.checked_sub(1).and_then(|j| hashes.get(j).copied());
             let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            let salt = scope.salt_of_block(i, self.block_size);
             // A refusal means another block already holds this content: nothing to do.
-            self.pool.cache(s.table[i], hashes[i], parent, chunk);
+            self.pool.cache(s.table[i], hashes[i], parent, salt, chunk);
         }
         s.num_committed_blocks = s.num_committed_blocks.max(full);
     }
@@ -331,9 +340,10 @@ impl KvCacheManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kv_cache::hash::block_hashes;
+    use crate::kv_cache::hash::{block_hashes, scoped_block_hashes};
 
     const BS: usize = 4;
+    const U: CacheScope = CacheScope::unsalted();
 
     fn mgr(num_blocks: usize) -> KvCacheManager {
         KvCacheManager::new(KvCacheConfig {
@@ -350,10 +360,20 @@ mod tests {
 
     /// Admits `tokens` fully computed and committed, as the scheduler does.
     fn admit_and_compute(m: &mut KvCacheManager, seq: SeqId, tokens: &[u32]) -> PrefixHit {
-        let hashes = block_hashes(tokens, BS);
-        let hit = m.lookup_prefix(tokens, &hashes);
+        admit_in_scope(m, seq, tokens, &U)
+    }
+
+    /// [`admit_and_compute`] in `scope`.
+    fn admit_in_scope(
+        m: &mut KvCacheManager,
+        seq: SeqId,
+        tokens: &[u32],
+        scope: &CacheScope,
+    ) -> PrefixHit {
+        let hashes = scoped_block_hashes(tokens, BS, scope);
+        let hit = m.lookup_prefix(tokens, &hashes, scope);
         m.allocate_new(seq, &hit, tokens.len()).unwrap();
-        m.commit(seq, tokens, &hashes, tokens.len());
+        m.commit(seq, tokens, &hashes, tokens.len(), scope);
         m.check_invariants().unwrap();
         hit
     }
@@ -455,6 +475,52 @@ mod tests {
     }
 
     #[test]
+    fn scopes_with_different_salts_share_no_block() {
+        let mut m = mgr(64);
+        let prompt = toks(26, 4); // 6 full blocks + 2 tokens
+        let a = CacheScope::salted("tenant-a");
+        let b = CacheScope::salted("tenant-b");
+        assert_eq!(admit_in_scope(&mut m, 1, &prompt, &a).num_tokens, 0);
+        // Same tokens, another salt (or none): nothing is shared, not even the first block.
+        assert_eq!(admit_in_scope(&mut m, 2, &prompt, &b).num_tokens, 0);
+        assert_eq!(admit_in_scope(&mut m, 3, &prompt, &U).num_tokens, 0);
+        let (t1, t2) = (m.block_table(1).unwrap(), m.block_table(2).unwrap());
+        assert!(t1.iter().all(|blk| !t2.contains(blk)));
+        // The same salt shares every full block.
+        assert_eq!(admit_in_scope(&mut m, 4, &prompt, &a).num_tokens, 24);
+        assert_eq!(admit_in_scope(&mut m, 5, &prompt, &b).num_tokens, 24);
+        assert_eq!(admit_in_scope(&mut m, 6, &prompt, &U).num_tokens, 24);
+        // Each scope also finds only its own blocks when the others were evicted or freed.
+        for seq in 1..=6 {
+            m.free(seq);
+        }
+        let hashes_a = scoped_block_hashes(&prompt, BS, &a);
+        assert_eq!(m.lookup_prefix(&prompt, &hashes_a, &b).num_tokens, 0);
+        assert_eq!(m.lookup_prefix(&prompt, &hashes_a, &a).num_tokens, 24);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_shared_prefix_is_shared_across_salts_and_nothing_after_it() {
+        let mut m = mgr(64);
+        // 10 public tokens: blocks 0 and 1 lie wholly inside them.
+        let prompt = toks(26, 8);
+        let a = CacheScope::salted("tenant-a").with_shared_prefix(10);
+        let b = CacheScope::salted("tenant-b").with_shared_prefix(10);
+        assert_eq!(admit_in_scope(&mut m, 1, &prompt, &a).num_tokens, 0);
+        assert_eq!(admit_in_scope(&mut m, 2, &prompt, &b).num_tokens, 8);
+        assert_eq!(
+            m.block_table(1).unwrap()[..2],
+            m.block_table(2).unwrap()[..2]
+        );
+        assert_eq!(admit_in_scope(&mut m, 3, &prompt, &a).num_tokens, 24);
+        // A salted scope without the shared prefix configured shares nothing.
+        let plain_a = CacheScope::salted("tenant-a");
+        assert_eq!(admit_in_scope(&mut m, 4, &prompt, &plain_a).num_tokens, 0);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
     fn fully_cached_prompt_still_computes_its_last_token() {
         let mut m = mgr(32);
         let exact = toks(12, 7); // exactly 3 blocks
@@ -468,8 +534,12 @@ mod tests {
         assert_eq!(admit_and_compute(&mut m, 3, &longer).num_tokens, 12);
         // A 1-token prompt never hits.
         let one = vec![exact[0]];
-        assert_eq!(m.lookup_prefix(&one, &block_hashes(&one, BS)).num_tokens, 0);
-        assert_eq!(m.lookup_prefix(&[], &[]).num_tokens, 0);
+        assert_eq!(
+            m.lookup_prefix(&one, &block_hashes(&one, BS), &U)
+                .num_tokens,
+            0
+        );
+        assert_eq!(m.lookup_prefix(&[], &[], &U).num_tokens, 0);
     }
 
     #[test]
@@ -478,7 +548,7 @@ mod tests {
         let prompt = toks(10, 3);
         admit_and_compute(&mut m, 1, &prompt);
         let hashes = block_hashes(&prompt, BS);
-        let hit = m.lookup_prefix(&prompt, &hashes);
+        let hit = m.lookup_prefix(&prompt, &hashes, &U);
         assert_eq!(hit.num_tokens, 8);
         m.allocate_new(2, &hit, prompt.len()).unwrap();
         let (t1, t2) = (
@@ -512,18 +582,18 @@ mod tests {
         m.allocate_new(1, &PrefixHit::default(), prompt.len())
             .unwrap();
         assert_eq!(
-            m.lookup_prefix(&prompt, &hashes).num_tokens,
+            m.lookup_prefix(&prompt, &hashes, &U).num_tokens,
             0,
             "scheduled but not run"
         );
-        m.commit(1, &prompt, &hashes, 4);
+        m.commit(1, &prompt, &hashes, 4, &U);
         assert_eq!(
-            m.lookup_prefix(&prompt, &hashes).num_tokens,
+            m.lookup_prefix(&prompt, &hashes, &U).num_tokens,
             4,
             "only computed blocks"
         );
-        m.commit(1, &prompt, &hashes, 9);
-        assert_eq!(m.lookup_prefix(&prompt, &hashes).num_tokens, 8);
+        m.commit(1, &prompt, &hashes, 9, &U);
+        assert_eq!(m.lookup_prefix(&prompt, &hashes, &U).num_tokens, 8);
     }
 
     #[test]
@@ -539,18 +609,18 @@ mod tests {
         assert_eq!(m.stats().num_cached_blocks, 4);
         // A 2-block allocation uses the 2 uncached partial blocks first: both prefixes survive.
         m.allocate_new(3, &PrefixHit::default(), 8).unwrap();
-        assert_eq!(m.lookup_prefix(&a, &block_hashes(&a, BS)).num_tokens, 8);
-        assert_eq!(m.lookup_prefix(&b, &block_hashes(&b, BS)).num_tokens, 8);
+        assert_eq!(m.lookup_prefix(&a, &block_hashes(&a, BS), &U).num_tokens, 8);
+        assert_eq!(m.lookup_prefix(&b, &block_hashes(&b, BS), &U).num_tokens, 8);
         // Two more blocks evict a's blocks (least recently used), last block first.
         m.allocate_new(4, &PrefixHit::default(), 4).unwrap();
         assert_eq!(
-            m.lookup_prefix(&a, &block_hashes(&a, BS)).num_tokens,
+            m.lookup_prefix(&a, &block_hashes(&a, BS), &U).num_tokens,
             4,
             "tail evicted first"
         );
         m.allocate_new(5, &PrefixHit::default(), 4).unwrap();
-        assert_eq!(m.lookup_prefix(&a, &block_hashes(&a, BS)).num_tokens, 0);
-        assert_eq!(m.lookup_prefix(&b, &block_hashes(&b, BS)).num_tokens, 8);
+        assert_eq!(m.lookup_prefix(&a, &block_hashes(&a, BS), &U).num_tokens, 0);
+        assert_eq!(m.lookup_prefix(&b, &block_hashes(&b, BS), &U).num_tokens, 8);
         m.check_invariants().unwrap();
     }
 
@@ -561,7 +631,7 @@ mod tests {
         admit_and_compute(&mut m, 1, &a);
         m.free(1);
         let hashes = block_hashes(&a, BS);
-        let hit = m.lookup_prefix(&a, &hashes);
+        let hit = m.lookup_prefix(&a, &hashes, &U);
         assert_eq!(hit.blocks.len(), 2);
         // 4 free blocks, 2 of them are the hit: 2 fresh blocks at most.
         assert_eq!(
@@ -583,7 +653,7 @@ mod tests {
         admit_and_compute(&mut m, 1, &a);
         m.free(1);
         let hashes = block_hashes(&a, BS);
-        let hit = m.lookup_prefix(&a, &hashes);
+        let hit = m.lookup_prefix(&a, &hashes, &U);
         assert_eq!(
             m.allocate_new(2, &hit, 4),
             Err(KvCacheError::PrefixTooLong {
@@ -611,9 +681,9 @@ mod tests {
         let a = toks(9, 1);
         let hashes = block_hashes(&a, BS);
         m.allocate_new(1, &PrefixHit::default(), 9).unwrap();
-        m.commit(1, &a, &hashes, 9);
+        m.commit(1, &a, &hashes, 9, &U);
         m.free(1);
-        assert_eq!(m.lookup_prefix(&a, &hashes).num_tokens, 0);
+        assert_eq!(m.lookup_prefix(&a, &hashes, &U).num_tokens, 0);
         m.record_prefix_query(9, 0);
         assert_eq!(m.stats().prefix_cache_queries, 0);
         assert_eq!(m.stats().num_cached_blocks, 0);

@@ -9,6 +9,8 @@
 //!   eviction of a cached block when a free block is taken.
 //! - [`KvCacheManager`] is `kv_cache_manager.KVCacheManager`: per-sequence block tables,
 //!   prefix lookup (`get_computed_blocks`), slot allocation (`allocate_slots`) and freeing.
+//! - [`CacheScope`] is vLLM's `cache_salt`: sequences of different salts (tenants) never
+//!   share a block, except those wholly inside a public shared prefix.
 //!
 //! Differences from vLLM, on purpose: a cached block also keeps its parent hash and token
 //! ids, and a lookup compares them, so a 64-bit hash collision can never hand a sequence
@@ -27,7 +29,7 @@ mod manager;
 
 pub use block_pool::BlockPool;
 pub use error::KvCacheError;
-pub use hash::BlockHash;
+pub use hash::{BlockHash, CacheScope};
 pub use manager::{KvCacheConfig, KvCacheManager, KvCacheStats, PrefixHit, SeqId};
 
 /// Tokens per KV block unless configured otherwise (vLLM's default).

@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use super::batch::{ScheduledBatch, ScheduledSeq};
 use super::sequence::{Sequence, Status};
 use super::{SchedulerConfig, SchedulerError, SeqId};
-use crate::kv_cache::{KvCacheConfig, KvCacheError, KvCacheManager};
+use crate::kv_cache::{CacheScope, KvCacheConfig, KvCacheError, KvCacheManager};
 
 /// Counters the engine exports as metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -95,13 +95,25 @@ impl Scheduler {
         &self.cfg
     }
 
-    /// Queues a new sequence. Error if the id is in use, the prompt is empty, nothing is to
-    /// be generated, or prompt + max_new_tokens can never fit in the whole cache.
+    /// Queues a new sequence in the unsalted prefix-cache scope. Error if the id is in use,
+    /// the prompt is empty, nothing is to be generated, or prompt + max_new_tokens can never
+    /// fit in the whole cache.
     pub fn add(
         &mut self,
         id: SeqId,
         prompt: Vec<u32>,
         max_new_tokens: usize,
+    ) -> Result<(), SchedulerError> {
+        self.add_scoped(id, prompt, max_new_tokens, CacheScope::unsalted())
+    }
+
+    /// [`Self::add`] with the prefix-cache scope the sequence shares blocks in.
+    pub fn add_scoped(
+        &mut self,
+        id: SeqId,
+        prompt: Vec<u32>,
+        max_new_tokens: usize,
+        cache_scope: CacheScope,
     ) -> Result<(), SchedulerError> {
         if self.seqs.contains_key(&id) {
             return Err(SchedulerError::DuplicateId(id));
@@ -126,7 +138,7 @@ impl Scheduler {
             0 => prompt.len(),
             avg => (avg * 7 + prompt.len()).div_ceil(8),
         };
-        let mut seq = Sequence::new(prompt, max_new_tokens);
+        let mut seq = Sequence::new(prompt, max_new_tokens, cache_scope);
         if self.kv.prefix_caching() {
             seq.update_hashes(self.cfg.block_size);
         }
@@ -203,7 +215,9 @@ impl Scheduler {
                     self.waiting.pop_front();
                     continue;
                 };
-                let hit = self.kv.lookup_prefix(&seq.tokens, &seq.block_hashes);
+                let hit = self
+                    .kv
+                    .lookup_prefix(&seq.tokens, &seq.block_hashes, &seq.cache_scope);
                 let query = seq.tokens.len();
                 let n = (query - hit.num_tokens).min(budget);
                 match self.kv.allocate_new(id, &hit, hit.num_tokens + n) {
@@ -429,8 +443,13 @@ impl Scheduler {
         for id in std::mem::take(&mut self.uncommitted) {
             if let Some(seq) = self.seqs.get(&id) {
                 if seq.status == Status::Running {
-                    self.kv
-                        .commit(id, &seq.tokens, &seq.block_hashes, seq.num_computed);
+                    self.kv.commit(
+                        id,
+                        &seq.tokens,
+                        &seq.block_hashes,
+                        seq.num_computed,
+                        &seq.cache_scope,
+                    );
                 }
             }
         }

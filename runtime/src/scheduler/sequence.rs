@@ -1,7 +1,7 @@
 //! Scheduler-side state of one sequence (vLLM v1 `Request`).
 
 use crate::kv_cache::hash::extend_block_hashes;
-use crate::kv_cache::BlockHash;
+use crate::kv_cache::{BlockHash, CacheScope};
 
 /// Where a sequence is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,8 +21,11 @@ pub(crate) struct Sequence {
     pub(crate) max_new_tokens: usize,
     /// Positions scheduled so far (KV written once the step ran); 0 while waiting.
     pub(crate) num_computed: usize,
-    /// Hash chain of the full blocks of `tokens` (empty without prefix caching).
+    /// Hash chain of the full blocks of `tokens` in `cache_scope` (empty without prefix
+    /// caching).
     pub(crate) block_hashes: Vec<BlockHash>,
+    /// Which cached blocks the sequence may share.
+    pub(crate) cache_scope: CacheScope,
     /// Prefix-cache reuse at first admission.
     pub(crate) cached_tokens: Option<usize>,
     pub(crate) status: Status,
@@ -30,13 +33,14 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub(crate) fn new(prompt: Vec<u32>, max_new_tokens: usize) -> Self {
+    pub(crate) fn new(prompt: Vec<u32>, max_new_tokens: usize, cache_scope: CacheScope) -> Self {
         Self {
             prompt_len: prompt.len(),
             tokens: prompt,
             max_new_tokens,
             num_computed: 0,
             block_hashes: Vec::new(),
+            cache_scope,
             cached_tokens: None,
             status: Status::Waiting,
             num_preemptions: 0,
@@ -58,7 +62,12 @@ impl Sequence {
     }
 
     pub(crate) fn update_hashes(&mut self, block_size: usize) {
-        extend_block_hashes(&mut self.block_hashes, &self.tokens, block_size);
+        extend_block_hashes(
+            &mut self.block_hashes,
+            &self.tokens,
+            block_size,
+            &self.cache_scope,
+        );
     }
 }
 
@@ -68,7 +77,7 @@ mod tests {
 
     #[test]
     fn counts_follow_tokens() {
-        let mut s = Sequence::new(vec![1, 2, 3], 2);
+        let mut s = Sequence::new(vec![1, 2, 3], 2, CacheScope::unsalted());
         assert_eq!(
             (s.num_generated(), s.num_pending(), s.is_complete()),
             (0, 3, false)

@@ -8,6 +8,7 @@ use tidal_tokenizer::{ChatMessage, ChatTemplateError, Tokenizer};
 
 use super::LoadedModel;
 use crate::engine::GenerationRequest;
+use crate::kv_cache::CacheScope;
 use crate::sampling::SamplingParams;
 
 /// How the response is shaped.
@@ -89,7 +90,7 @@ pub fn completion(model: &LoadedModel, req: &CompletionRequest) -> Result<Prepar
 
 /// Adds the model's BOS token when it wants one and the text did not already bring it (chat
 /// templates such as Llama 3's write `{{ bos_token }}` themselves).
-fn encode_with_bos(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+pub(crate) fn encode_with_bos(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
     let mut ids = tokenizer.encode(text, false);
     if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
         if ids.first() != Some(&bos) {
@@ -149,6 +150,9 @@ fn finish(
             stop_token_ids: sampling.stop_token_ids,
             ignore_eos: sampling.ignore_eos,
             resume: None,
+            // The direct server has no tenants: one unsalted scope; the queue worker sets
+            // the job's.
+            cache_scope: CacheScope::unsalted(),
         },
         shape: ResponseShape {
             stream,

@@ -1,9 +1,11 @@
 //! The worker's periodic duties besides claiming: read the cancel flags of every held job
 //! (one round trip for all), renew every held job so no other worker takes it over
-//! (one keep-alive call for all), and write the heartbeat the autoscaler reads.
+//! (one keep-alive call for all), and write the heartbeat by which other workers tell this
+//! one is alive (and the autoscaler reads its load).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tidal_queue::clock::system_now_ms;
 use tidal_queue::WorkerHeartbeat;
@@ -46,10 +48,12 @@ async fn poll_cancels(shared: &Shared) {
     let ids: Vec<_> = held.iter().map(|(_, id)| *id).collect();
     match shared.broker.cancelled(&ids).await {
         Ok(flags) => {
-            for ((entry, id), cancelled) in held.iter().zip(flags) {
-                if cancelled {
-                    tracing::info!(request_id = %id, "request cancelled by its client");
-                    shared.registry.signal(entry, Control::Cancel);
+            for ((entry, id), flag) in held.iter().zip(flags) {
+                if let Some(delivered_seq) = flag {
+                    tracing::info!(request_id = %id, delivered_seq, "request cancelled by its client");
+                    shared
+                        .registry
+                        .signal(entry, Control::Cancel(delivered_seq));
                 }
             }
         }
@@ -94,7 +98,13 @@ pub(crate) async fn heartbeat(shared: &Shared) {
         last_seen_ms: system_now_ms(),
     };
     metrics::load(&shared.config.model_id, held, draining);
-    if let Err(e) = shared.broker.heartbeat(&beat).await {
-        tracing::warn!(error = %e, "heartbeat failed");
+    let written = shared.broker.heartbeat(&beat).await;
+    let mut contact = shared.contact.lock().unwrap_or_else(|e| e.into_inner());
+    match written {
+        Ok(()) => contact.beat_ok(Instant::now(), shared.config.dead_after()),
+        Err(e) => {
+            contact.beat_failed();
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
     }
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tidal_queue::CapacityType;
 
+use super::cache_scope::SharedPrefix;
+
 /// Why a worker cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -69,17 +71,30 @@ pub struct WorkerConfig {
     /// After shutdown is asked for, how long running sequences may take to finish before
     /// the rest are re-enqueued.
     pub drain_timeout: Duration,
-    /// A job whose holder has not renewed it for this long is taken over by another worker.
-    /// The same value must be used by every worker of a model.
+    /// A job whose holder has not renewed it for this long is taken over by another worker
+    /// (the backstop for holders that never wrote a heartbeat; others are found dead by
+    /// their heartbeats much sooner). The same value must be used by every worker of a model.
     pub claim_timeout: Duration,
     /// How often the worker writes its heartbeat.
     pub heartbeat_interval: Duration,
+    /// Heartbeats a worker may miss before the others presume it dead and take its jobs
+    /// over ([`WorkerConfig::dead_after`]). The same value must be used by every worker of a
+    /// model, and their clocks must agree to well within the resulting time (a worker taken
+    /// for dead too early loses its jobs at its next write, costing a re-prefill, never a
+    /// duplicate).
+    pub missed_heartbeats: u32,
     /// How often held jobs are renewed ([`tidal_queue::Broker::keep_alive`]); `None`: a
     /// quarter of `claim_timeout`.
     pub keep_alive_interval: Option<Duration>,
-    /// How often the worker looks for jobs of dead workers while it has room; `None`: a
-    /// quarter of `claim_timeout`.
+    /// How often the worker looks for jobs of workers whose heartbeats stopped; `None`: the
+    /// heartbeat interval. (Jobs idle past the claim timeout are looked for every quarter of
+    /// it.)
     pub takeover_interval: Option<Duration>,
+    /// How long a job retries a broker call that fails for a transient reason (Redis
+    /// unreachable or restarting) before it gives the job up to a takeover; generation goes
+    /// on meanwhile and its tokens go out together once the broker answers. `None`: the claim
+    /// timeout, after which another worker would take the job over anyway.
+    pub broker_retry: Option<Duration>,
     /// How often the cancel flags of all running jobs are read (one round trip for all).
     pub cancel_poll_interval: Duration,
     /// Longest one claim waits for a job (shutdown is noticed between claims).
@@ -93,12 +108,17 @@ pub struct WorkerConfig {
     /// How much queued prefill stops claims ([`super::capacity::claimable`]); default one
     /// second of the engine's measured prefill.
     pub claim_budget: ClaimBudget,
+    /// Public prompt prefixes whose prefix-cache blocks every tenant shares (default none:
+    /// each tenant's prompts are cached apart from every other's; see
+    /// [`super::SharedPrefix`]).
+    pub shared_prefixes: Vec<SharedPrefix>,
 }
 
 impl WorkerConfig {
-    /// Defaults: on-demand capacity, 30 s drain and claim timeouts, 5 s heartbeats,
-    /// cancel flags read every 100 ms, claims blocking 500 ms, 256 KV tokens per job, claims
-    /// under one second of measured prefill ([`DEFAULT_CLAIM_BUDGET`]).
+    /// Defaults: on-demand capacity, 30 s drain and claim timeouts, heartbeats every second
+    /// and presumed dead after 3 missed, broker calls retried for the claim timeout, cancel
+    /// flags read every 100 ms, claims blocking 500 ms, 256 KV tokens per job, claims under
+    /// one second of measured prefill ([`DEFAULT_CLAIM_BUDGET`]).
     pub fn new(model_id: impl Into<String>, name: impl Into<String>) -> Self {
         WorkerConfig {
             model_id: model_id.into(),
@@ -106,14 +126,17 @@ impl WorkerConfig {
             capacity_type: CapacityType::OnDemand,
             drain_timeout: Duration::from_secs(30),
             claim_timeout: Duration::from_secs(30),
-            heartbeat_interval: Duration::from_secs(5),
+            heartbeat_interval: Duration::from_secs(1),
+            missed_heartbeats: 3,
             keep_alive_interval: None,
             takeover_interval: None,
+            broker_retry: None,
             cancel_poll_interval: Duration::from_millis(100),
             claim_block: Duration::from_millis(500),
             max_jobs: None,
             kv_tokens_per_job: 256,
             claim_budget: DEFAULT_CLAIM_BUDGET,
+            shared_prefixes: Vec::new(),
         }
     }
 
@@ -122,9 +145,25 @@ impl WorkerConfig {
         self.keep_alive_interval.unwrap_or(self.claim_timeout / 4)
     }
 
-    /// The takeover-scan period in force.
+    /// The period of the scan for jobs of workers whose heartbeats stopped.
     pub fn takeover_every(&self) -> Duration {
-        self.takeover_interval.unwrap_or(self.claim_timeout / 4)
+        self.takeover_interval.unwrap_or(self.heartbeat_interval)
+    }
+
+    /// The period of the scan for jobs idle past the claim timeout.
+    pub fn idle_takeover_every(&self) -> Duration {
+        self.claim_timeout / 4
+    }
+
+    /// How old a worker's last heartbeat must be for it to be presumed dead.
+    pub fn dead_after(&self) -> Duration {
+        self.heartbeat_interval
+            .saturating_mul(self.missed_heartbeats)
+    }
+
+    /// How long a job retries a failing broker call.
+    pub fn broker_retry_for(&self) -> Duration {
+        self.broker_retry.unwrap_or(self.claim_timeout)
     }
 
     /// Checks that the settings can work together.
@@ -152,6 +191,10 @@ impl WorkerConfig {
             if d.is_zero() {
                 return bad(format!("the {name} must be positive"));
             }
+        }
+        if self.missed_heartbeats < 2 {
+            // one late heartbeat is ordinary scheduling jitter, not a death
+            return bad("missed heartbeats must be at least 2".into());
         }
         if self.max_jobs == Some(0) {
             return bad("max jobs must be at least 1".into());
@@ -198,7 +241,10 @@ mod tests {
             .unwrap();
         }
         assert_eq!(c.keep_alive_every(), Duration::from_millis(7500));
-        assert_eq!(c.takeover_every(), Duration::from_millis(7500));
+        assert_eq!(c.takeover_every(), Duration::from_secs(1));
+        assert_eq!(c.idle_takeover_every(), Duration::from_millis(7500));
+        assert_eq!(c.dead_after(), Duration::from_secs(3));
+        assert_eq!(c.broker_retry_for(), Duration::from_secs(30));
         let mut short = c.clone();
         short.claim_timeout = Duration::from_secs(2);
         short.validate().unwrap();
@@ -229,6 +275,9 @@ mod tests {
         cases.push(c);
         let mut c = base.clone();
         c.claim_budget = ClaimBudget::Prefill(Duration::ZERO);
+        cases.push(c);
+        let mut c = base.clone();
+        c.missed_heartbeats = 1;
         cases.push(c);
         for c in cases {
             assert!(c.validate().is_err(), "{c:?}");

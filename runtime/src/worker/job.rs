@@ -127,6 +127,10 @@ impl<'a> JobRun<'a> {
         };
         let mut request = prepared.request;
         self.prompt_tokens = request.prompt.len() as u64;
+        request.cache_scope = self
+            .shared
+            .shared_prefixes
+            .scope(&self.claimed.job.tenant, &request.prompt);
         if self.seg.is_resumed() {
             request.resume = Some(self.seg.resumed_from());
         }
@@ -182,7 +186,7 @@ impl<'a> JobRun<'a> {
                 let logprobs =
                     logprobs::render(self.shared.model.engine.tokenizer(), &batch.logprobs);
                 let event = self.seg.delta(batch.text, batch.token_ids, logprobs);
-                match io::append(self.shared, self.claimed.job.id, &event).await {
+                match io::append(self.shared, &self.claimed, &event).await {
                     Appended::Written => {
                         let first_tokens = self.seg.delivered_tokens() == 0;
                         self.seg.written(&event);
@@ -231,7 +235,7 @@ impl<'a> JobRun<'a> {
         completion: u64,
         outcome: Outcome,
     ) -> Outcome {
-        match io::append(self.shared, self.claimed.job.id, &event).await {
+        match io::append(self.shared, &self.claimed, &event).await {
             Appended::Written => self.seg.written(&event),
             Appended::Lost => return self.lost(),
             Appended::Finished => return self.ack_only().await,
@@ -284,7 +288,7 @@ impl<'a> JobRun<'a> {
         let event = self
             .seg
             .error(e.status, error_code(e), e.param.clone(), e.message.clone());
-        match io::append(self.shared, self.claimed.job.id, &event).await {
+        match io::append(self.shared, &self.claimed, &event).await {
             Appended::Written | Appended::Finished => {}
             Appended::Lost => return self.lost(),
             Appended::Failed => return Outcome::Abandoned,
@@ -305,16 +309,46 @@ impl<'a> JobRun<'a> {
         }
     }
 
+    /// The client went away after the gateway handed it the response events up to
+    /// `delivered_seq` (design.md, "Broker protocol": `tidal:cancel:{id}`). Bills the prompt
+    /// and this segment's completion tokens up to that seq (the tokens made after it never
+    /// reached the client), ends the stream with `cancelled` and acks, at once. The bill
+    /// goes out first: it depends only on the stream and the flag, so a worker that takes
+    /// the job over after a crash here bills the same counts under the same key, and billing
+    /// keeps one.
+    async fn cancelled(&mut self, delivered_seq: u64) -> Outcome {
+        let completion = self.seg.delivered_through(delivered_seq);
+        let usage = self.seg.usage(
+            &self.runner(),
+            self.prompt_tokens,
+            0,
+            completion,
+            system_now_ms(),
+        );
+        if !io::publish_usage(self.shared, &usage).await {
+            return Outcome::Abandoned;
+        }
+        let event = self
+            .seg
+            .error(499, "cancelled", None, "the request was cancelled");
+        match io::append(self.shared, &self.claimed, &event).await {
+            Appended::Written => self.seg.written(&event),
+            Appended::Finished => {}
+            Appended::Lost => return self.lost(),
+            Appended::Failed => return Outcome::Abandoned,
+        }
+        match io::ack(self.shared, &self.claimed).await {
+            Released::Ok => Outcome::Cancelled,
+            Released::NotOwner => Outcome::Lost,
+            Released::Failed => Outcome::Abandoned,
+        }
+    }
+
     async fn stop(&mut self, order: Control) -> Outcome {
         let delivered = self.seg.delivered_tokens();
         match order {
             Control::Run | Control::Lost => self.lost(),
-            Control::Cancel => {
-                let event = self
-                    .seg
-                    .error(499, "cancelled", None, "the request was cancelled");
-                self.finish(event, 0, delivered, Outcome::Cancelled).await
-            }
+            Control::Cancel(delivered_seq) => self.cancelled(delivered_seq).await,
             Control::Drain => {
                 let usage = self.seg.usage(
                     &self.runner(),

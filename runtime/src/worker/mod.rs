@@ -8,7 +8,9 @@
 //!   ([`capacity::claimable`]: free job slots and KV blocks, nothing waiting in the engine,
 //!   and, unless the claim budget is off, prefill work queued under it: by default one
 //!   second at the engine's measured prefill rate),
-//!   and while it has room, scans for jobs of dead workers (idle past the claim timeout).
+//!   and scans for jobs of dead workers: those whose heartbeats stopped (every heartbeat
+//!   interval, once this worker's own heartbeats show it can judge, see `contact.rs`) and
+//!   those idle past the claim timeout (the backstop for holders that never beat).
 //! * One task per held job (`job.rs`) streams it; deltas that pile up while an append is in
 //!   flight are merged into one event, and appends of different jobs pipeline on the
 //!   broker's connection.
@@ -20,15 +22,24 @@
 //!   continues the same response stream (the engine resumes exactly, see
 //!   [`crate::engine::ResumeFrom`]).
 //! * A dead worker's job is billed for what its holder delivered and re-enqueued by the
-//!   worker that takes it over (`takeover.rs` says why).
+//!   worker that takes it over (`takeover.rs` says why). A holder that was only presumed
+//!   dead (stalled, cut off) writes nothing more: every append checks that it still holds
+//!   the job ([`tidal_queue::Broker::append_held`]), and its first refused one stops it.
+//! * Broker calls of a job are retried through a Redis outage, with backoff, for up to
+//!   `broker_retry` (`io.rs`); the sequence keeps its place in the batch meanwhile.
+//!
+//! Each job's prompt is cached in its tenant's own prefix-cache scope, apart from the
+//! operator's shared prefixes (`cache_scope.rs`).
 //!
 //! Log-probabilities are not carried through the queue: response events have no field for
 //! them, so a job that asks for them gets its text and tokens without.
 
 pub mod bench;
+mod cache_scope;
 pub mod capacity;
 mod chores;
 mod config;
+mod contact;
 mod io;
 mod job;
 mod metrics;
@@ -37,21 +48,24 @@ mod registry;
 pub mod segment;
 pub mod takeover;
 
+pub use cache_scope::SharedPrefix;
 pub use config::{ClaimBudget, WorkerConfig, WorkerError, DEFAULT_CLAIM_BUDGET};
 pub use metrics::{Outcome, WorkerSummary};
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
+use tidal_queue::clock::system_now_ms;
 use tidal_queue::{Broker, ClaimedJob};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::server::LoadedModel;
+use cache_scope::SharedPrefixes;
 use metrics::Counters;
 use registry::Registry;
 
@@ -69,6 +83,10 @@ pub(crate) struct Shared {
     registry: Registry,
     counters: Counters,
     draining: AtomicBool,
+    /// This worker's own heartbeat record: whether it may presume others dead.
+    contact: Mutex<contact::Contact>,
+    /// `config.shared_prefixes`, tokenised.
+    shared_prefixes: SharedPrefixes,
 }
 
 /// A queue worker for one loaded model. Create it, keep a [`WorkerStatus`] if you want to
@@ -129,6 +147,7 @@ impl Worker {
         config: WorkerConfig,
     ) -> Result<Self, WorkerError> {
         config.validate()?;
+        let shared_prefixes = SharedPrefixes::new(&model, &config.shared_prefixes)?;
         Ok(Worker {
             shared: Arc::new(Shared {
                 model,
@@ -137,6 +156,8 @@ impl Worker {
                 registry: Registry::default(),
                 counters: Counters::default(),
                 draining: AtomicBool::new(false),
+                contact: Mutex::new(contact::Contact::default()),
+                shared_prefixes,
             }),
         })
     }
@@ -151,7 +172,7 @@ impl Worker {
     /// Serves jobs until `shutdown` completes, then drains (see the module docs) and returns
     /// what it did. Broker failures are logged and retried, never fatal. Dropping the
     /// returned future stops everything at once without draining (as a crash would: held
-    /// jobs are taken over by other workers after the claim timeout).
+    /// jobs are taken over by other workers once its heartbeats are missed).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> WorkerSummary {
         let shared = self.shared;
         let config = &shared.config;
@@ -159,7 +180,7 @@ impl Worker {
         let chores = AbortOnDrop(tokio::spawn(chores::run(shared.clone(), stop_rx)));
         let mut tasks: JoinSet<()> = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown.fuse());
-        let mut next_takeover = Instant::now();
+        let mut scans = TakeoverScans::new(Instant::now());
         let max_jobs = config
             .max_jobs
             .unwrap_or(shared.model.engine.config().max_num_seqs);
@@ -179,6 +200,12 @@ impl Worker {
         );
         loop {
             while tasks.try_join_next().is_some() {}
+            // Regardless of room: a taker only bills and re-enqueues, so the jobs wait in the
+            // resumed stream (ahead of fresh ones) for whichever worker has room first.
+            let taken = scans.run(&shared, max_jobs).await;
+            if !taken.is_empty() {
+                spawn_all(&shared, &mut tasks, taken, true);
+            }
             let stats = shared.model.engine.stats();
             let room = capacity::claimable(
                 shared.registry.len(),
@@ -198,22 +225,6 @@ impl Worker {
                     engine_stepping = false; // the engine stopped
                 }
                 continue;
-            }
-            let now = Instant::now();
-            if now >= next_takeover {
-                next_takeover = now + config.takeover_every();
-                match shared
-                    .broker
-                    .take_over(&config.model_id, &config.name, config.claim_timeout, room)
-                    .await
-                {
-                    Ok(jobs) if !jobs.is_empty() => {
-                        spawn_all(&shared, &mut tasks, jobs, true);
-                        continue;
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "takeover scan failed"),
-                }
             }
             // A claim is never abandoned half-way (what it delivered would sit pending until
             // a takeover): when shutdown comes during one, it finishes first.
@@ -253,6 +264,69 @@ impl Worker {
         let summary = shared.counters.summary();
         tracing::info!(?summary, "worker stopped");
         summary
+    }
+}
+
+/// When the claim loop next looks for jobs of dead workers, by heartbeat and by idle time.
+struct TakeoverScans {
+    dead: Instant,
+    idle: Instant,
+}
+
+impl TakeoverScans {
+    fn new(now: Instant) -> Self {
+        TakeoverScans {
+            dead: now,
+            idle: now,
+        }
+    }
+
+    /// Runs the scans that are due; the jobs taken over (up to `max`).
+    async fn run(&mut self, shared: &Shared, max: usize) -> Vec<ClaimedJob> {
+        let config = &shared.config;
+        let now = Instant::now();
+        let mut taken = Vec::new();
+        if now >= self.dead {
+            self.dead = now + config.takeover_every();
+            let may_judge = shared
+                .contact
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .may_judge(now.into_std(), config.dead_after());
+            if may_judge {
+                match shared
+                    .broker
+                    .take_over_dead(
+                        &config.model_id,
+                        &config.name,
+                        system_now_ms(),
+                        config.dead_after(),
+                        max,
+                    )
+                    .await
+                {
+                    Ok(jobs) => taken = jobs,
+                    Err(e) => tracing::warn!(error = %e, "scan for dead workers' jobs failed"),
+                }
+            }
+        }
+        if now >= self.idle && taken.len() < max {
+            self.idle = now + config.idle_takeover_every();
+            match shared
+                .broker
+                .take_over(
+                    &config.model_id,
+                    &config.name,
+                    config.claim_timeout,
+                    max - taken.len(),
+                )
+                .await
+            {
+                Ok(jobs) => taken.extend(jobs),
+                Err(e) => tracing::warn!(error = %e, "takeover scan failed"),
+            }
+        }
+        taken
     }
 }
 

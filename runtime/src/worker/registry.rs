@@ -19,8 +19,9 @@ pub enum Control {
     Run,
     /// Shutdown: stop and re-enqueue with what was delivered.
     Drain,
-    /// The client went away: stop, write `cancelled`, bill what was delivered.
-    Cancel,
+    /// The client went away after the gateway handed it the response events up to this
+    /// seq: stop, bill what those events delivered, write `cancelled`.
+    Cancel(u64),
     /// Another worker holds the job now: stop writing at once.
     Lost,
 }
@@ -150,14 +151,18 @@ mod tests {
         let (b, gb) = r.insert(job("2-0"));
         assert_eq!(r.len(), 2);
         assert_eq!(r.requests().len(), 2);
-        r.signal("1-0", Control::Cancel);
+        r.signal("1-0", Control::Cancel(3));
         r.signal_all(Control::Drain);
         assert_eq!(
             (*a.borrow(), *b.borrow()),
-            (Control::Cancel, Control::Drain)
+            (Control::Cancel(3), Control::Drain)
         );
+        // a later cancel with more delivered raises the seq, never lowers it
+        r.signal("1-0", Control::Cancel(5));
+        r.signal("1-0", Control::Cancel(4));
+        assert_eq!(*a.borrow(), Control::Cancel(5));
         r.signal("2-0", Control::Lost);
-        r.signal("2-0", Control::Cancel);
+        r.signal("2-0", Control::Cancel(1));
         assert_eq!(*b.borrow(), Control::Lost);
         drop(ga);
         assert_eq!(r.jobs().len(), 1);

@@ -37,6 +37,8 @@ pub struct Segment {
     before: Resume,
     next_seq: u64,
     delivered: Vec<u32>,
+    /// Seq and token count of each delta this segment wrote, in order.
+    deltas: Vec<(u64, u64)>,
     text_len: u64,
     started_at_ms: u64,
 }
@@ -54,6 +56,7 @@ impl Segment {
             next_seq: before.last_seq + 1,
             before,
             delivered: Vec::new(),
+            deltas: Vec::new(),
             text_len: 0,
             started_at_ms: now_ms,
         }
@@ -85,6 +88,17 @@ impl Segment {
     /// Completion tokens this segment delivered so far.
     pub fn delivered_tokens(&self) -> u64 {
         self.delivered.len() as u64
+    }
+
+    /// Completion tokens of this segment's deltas with seq up to `seq`: what a client that
+    /// was handed the events up to `seq` received from this segment (a cancelled request
+    /// bills these and no more).
+    pub fn delivered_through(&self, seq: u64) -> u64 {
+        self.deltas
+            .iter()
+            .take_while(|(s, _)| *s <= seq)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// The next delta event (not yet written).
@@ -147,6 +161,7 @@ impl Segment {
         } = event
         {
             self.delivered.extend_from_slice(token_ids);
+            self.deltas.push((event.seq(), token_ids.len() as u64));
             self.text_len += text.len() as u64;
         }
         self.next_seq = event.seq() + 1;
@@ -322,6 +337,19 @@ mod tests {
             (r.token_ids, r.text_len, r.last_seq),
             (vec![1, 2, 3, 4], 6, 3)
         );
+        // A cancel up to an earlier segment's seq bills nothing of this one.
+        assert_eq!((s.delivered_through(2), s.delivered_through(3)), (0, 1));
+    }
+
+    #[test]
+    fn delivered_through_counts_the_deltas_up_to_a_seq() {
+        let mut s = Segment::new(&claimed(None, 1), 0);
+        for ids in [&[1, 2][..], &[], &[3, 4, 5]] {
+            let d = s.delta("x".into(), ids.to_vec(), vec![]);
+            s.written(&d);
+        }
+        let counts: Vec<u64> = (0..=4).map(|seq| s.delivered_through(seq)).collect();
+        assert_eq!(counts, [0, 2, 2, 5, 5]);
     }
 
     #[test]

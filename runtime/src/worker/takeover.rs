@@ -8,7 +8,9 @@
 //! entry was enqueued belongs to that holder's segment, whichever taker bills it and however
 //! many takers died before finishing this step. If the holder did publish (it died between
 //! its usage event and its ack), the taker's event carries the same key and the same
-//! counts, and billing drops the duplicate.
+//! counts, and billing drops the duplicate. A cancelled request is billed, by holder and
+//! taker alike, for the deltas up to the seq its client was handed (the cancel flag's
+//! value), so a holder that died after its client went away bills no undelivered token.
 
 use tidal_queue::clock::system_now_ms;
 use tidal_queue::{ClaimedJob, ResponseEvent, Resume, UsageEvent};
@@ -20,18 +22,23 @@ use super::segment::Runner;
 use super::Shared;
 
 /// The usage event of the dead holder of `claimed`'s entry, given the response stream
-/// `events` and the request's `prompt_tokens`; `None` when it delivered nothing to bill.
+/// `events`, the request's `prompt_tokens` and, for a cancelled request, the seq its client
+/// was handed up to (`cancelled`); `None` when it delivered nothing to bill.
 pub fn dead_holder_usage(
     claimed: &ClaimedJob,
     events: &[ResponseEvent],
     prompt_tokens: u64,
+    cancelled: Option<u64>,
     runner: &Runner<'_>,
     now_ms: u64,
 ) -> Option<UsageEvent> {
     let before = claimed.job.resume.as_ref();
     let segment = before.map_or(0, |r| r.segments);
     let entry_start = before.map_or(0, |r| r.token_ids.len() as u64);
-    let delivered = Resume::from_events(events).token_ids.len() as u64;
+    let handed = cancelled.map_or(events.len(), |seq| {
+        events.partition_point(|e| e.seq() <= seq)
+    });
+    let delivered = Resume::from_events(&events[..handed]).token_ids.len() as u64;
     let completion = match events.last() {
         // `done` counts the end-of-generation token too, as the holder would have billed.
         Some(ResponseEvent::Done { usage, .. }) => usage.completion_tokens,
@@ -73,13 +80,31 @@ pub(crate) async fn run(shared: &Shared, claimed: &ClaimedJob) -> Outcome {
     } else {
         0
     };
+    // Read before billing: a cancelled request bills only what its client was handed.
+    let ids = [id];
+    let cancelled = match io::retry(shared, "reading a cancel flag", || {
+        shared.broker.cancelled(&ids)
+    })
+    .await
+    {
+        Ok(flags) => flags.into_iter().next().flatten(),
+        Err(e) => {
+            tracing::error!(request_id = %id, error = %e, "cannot read a taken-over job's cancel flag");
+            return Outcome::Abandoned;
+        }
+    };
     let runner = Runner {
         worker: &shared.config.name,
         capacity_type: shared.config.capacity_type,
     };
-    if let Some(usage) =
-        dead_holder_usage(claimed, &events, prompt_tokens, &runner, system_now_ms())
-    {
+    if let Some(usage) = dead_holder_usage(
+        claimed,
+        &events,
+        prompt_tokens,
+        cancelled,
+        &runner,
+        system_now_ms(),
+    ) {
         if !io::publish_usage(shared, &usage).await {
             return Outcome::Abandoned;
         }
@@ -95,7 +120,7 @@ pub(crate) async fn run(shared: &Shared, claimed: &ClaimedJob) -> Outcome {
     );
     let released = if finished {
         io::ack(shared, claimed).await
-    } else if shared.broker.is_cancelled(id).await.unwrap_or(false) {
+    } else if cancelled.is_some() {
         let event = ResponseEvent::Error {
             seq: resume.last_seq + 1,
             status: 499,
@@ -103,7 +128,7 @@ pub(crate) async fn run(shared: &Shared, claimed: &ClaimedJob) -> Outcome {
             param: None,
             message: "the request was cancelled".into(),
         };
-        match io::append(shared, id, &event).await {
+        match io::append(shared, claimed, &event).await {
             Appended::Written | Appended::Finished => io::ack(shared, claimed).await,
             Appended::Lost => Released::NotOwner,
             Appended::Failed => Released::Failed,
@@ -154,10 +179,10 @@ mod tests {
     fn the_first_holder_bills_the_prompt_and_everything_it_delivered() {
         let c = claimed(None, 2);
         let evs = [delta(1, &[1, 2]), delta(2, &[3])];
-        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        let u = dead_holder_usage(&c, &evs, 9, None, &RUNNER, 5).unwrap();
         assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (0, 9, 3));
         // It died before writing anything: the prompt it was given is still billed once.
-        let u = dead_holder_usage(&c, &[], 9, &RUNNER, 5).unwrap();
+        let u = dead_holder_usage(&c, &[], 9, None, &RUNNER, 5).unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 0));
     }
 
@@ -172,11 +197,45 @@ mod tests {
         // Attempt 4: takers 2 and 3 died too, but takers never generate.
         let c = claimed(Some(before.clone()), 4);
         let evs = [delta(1, &[1, 2]), delta(2, &[3, 4, 5])];
-        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        let u = dead_holder_usage(&c, &evs, 9, None, &RUNNER, 5).unwrap();
         assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (3, 0, 3));
         // Nothing added: nothing to bill.
         let c = claimed(Some(before), 2);
-        assert!(dead_holder_usage(&c, &evs[..1], 9, &RUNNER, 5).is_none());
+        assert!(dead_holder_usage(&c, &evs[..1], 9, None, &RUNNER, 5).is_none());
+    }
+
+    #[test]
+    fn a_cancelled_request_bills_only_the_deltas_its_client_was_handed() {
+        let c = claimed(None, 2);
+        let evs = [delta(1, &[1, 2]), delta(2, &[3]), delta(3, &[4, 5])];
+        let bill = |evs: &[ResponseEvent], seq| {
+            let u = dead_holder_usage(&c, evs, 9, Some(seq), &RUNNER, 5).unwrap();
+            (u.prompt_tokens, u.completion_tokens)
+        };
+        assert_eq!(bill(&evs, 2), (9, 3));
+        assert_eq!(bill(&evs, 0), (9, 0));
+        assert_eq!(bill(&evs, 7), (9, 5));
+        // The holder ended the stream with `cancelled` before it died: the same count.
+        let mut ended = evs.to_vec();
+        ended.push(ResponseEvent::Error {
+            seq: 4,
+            status: 499,
+            code: "cancelled".into(),
+            param: None,
+            message: "the request was cancelled".into(),
+        });
+        assert_eq!(bill(&ended, 2), (9, 3));
+        // A resumed entry bills its own tokens up to the seq only.
+        let before = Resume {
+            token_ids: vec![1, 2],
+            text_len: 2,
+            last_seq: 1,
+            segments: 1,
+        };
+        let c = claimed(Some(before), 2);
+        let u = dead_holder_usage(&c, &evs, 9, Some(2), &RUNNER, 5).unwrap();
+        assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (1, 0, 1));
+        assert!(dead_holder_usage(&c, &evs, 9, Some(1), &RUNNER, 5).is_none());
     }
 
     #[test]
@@ -194,7 +253,7 @@ mod tests {
                 },
             },
         ];
-        let u = dead_holder_usage(&c, &evs, 9, &RUNNER, 5).unwrap();
+        let u = dead_holder_usage(&c, &evs, 9, None, &RUNNER, 5).unwrap();
         assert_eq!(u.completion_tokens, 3);
     }
 }

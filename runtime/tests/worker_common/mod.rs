@@ -129,6 +129,9 @@ pub fn test_config(model_id: &str, name: &str) -> WorkerConfig {
     let mut c = WorkerConfig::new(model_id, name);
     c.claim_timeout = Duration::from_millis(800);
     c.heartbeat_interval = Duration::from_millis(200);
+    // presumed dead after as long as the claim timeout: a loaded 2-core machine can delay
+    // a live worker's beats by more than two intervals
+    c.missed_heartbeats = 4;
     c.cancel_poll_interval = Duration::from_millis(20);
     c.claim_block = Duration::from_millis(100);
     c.drain_timeout = Duration::ZERO;
@@ -219,6 +222,7 @@ pub async fn reference(
             stop_token_ids: vec![],
             ignore_eos: true,
             resume: None,
+            cache_scope: Default::default(),
         })
         .unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());

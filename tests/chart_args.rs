@@ -22,6 +22,7 @@
 //! operator's.)
 
 mod chart_common;
+mod skip;
 
 use chart_common::*;
 use tidal_queue::CapacityType;

@@ -3,6 +3,7 @@
 //! worker pods expect. (Building needs the base images from Docker Hub and gcr.io.)
 
 mod chart_common;
+mod skip;
 
 use chart_common::*;
 

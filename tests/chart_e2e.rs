@@ -11,6 +11,7 @@
 //! database images.
 
 mod process;
+mod skip;
 
 mod chart_common;
 
@@ -108,13 +109,11 @@ fn single(name: &str, image: &str, port: i32, env: Value, args: Value) -> (Deplo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_runs_the_platform_and_the_example_model() {
     let Some(helm_bin) = helm_on_path() else {
-        eprintln!("skipped: `helm` is not on PATH (the chart end-to-end test installs the chart)");
+        skip::skip("`helm` is not on PATH (the chart end-to-end test installs the chart)");
         return;
     };
     if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!(
-            "skipped: set KUBECONFIG to a disposable cluster to run the chart end-to-end test"
-        );
+        skip::skip("set KUBECONFIG to a disposable cluster to run the chart end-to-end test");
         return;
     }
     let version = env!("CARGO_PKG_VERSION");

@@ -4,6 +4,7 @@
 //! queries only metrics the code exports.
 
 mod chart_common;
+mod skip;
 
 use chart_common::*;
 use serde_json::{json, Value};

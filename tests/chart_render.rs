@@ -7,6 +7,7 @@
 //! the example Model passes the CRD's schema.
 
 mod chart_common;
+mod skip;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -5,6 +5,7 @@
 //! the finaliser fail the queued jobs.
 
 mod process;
+mod skip;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -22,9 +23,7 @@ use tidal_queue::{Broker, BrokerConfig, Job, RedisBroker, ResponseEvent};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_follows_the_queue_on_a_real_cluster() {
     if std::env::var_os("KUBECONFIG").is_none() {
-        eprintln!(
-            "skipped: set KUBECONFIG to a disposable cluster to run the controller end-to-end test"
-        );
+        skip::skip("set KUBECONFIG to a disposable cluster to run the controller end-to-end test");
         return;
     }
     let redis = tidal_queue::testing::ensure_redis().await.expect("redis");

@@ -22,6 +22,7 @@
 mod platform_common;
 mod process;
 mod services;
+mod skip;
 mod worker_common;
 
 use std::collections::HashMap;
@@ -373,7 +374,7 @@ impl Rig {
         let (redis, pg) = match (redis, pg) {
             (Ok(r), Ok(p)) => (r, p),
             (Err(why), _) | (_, Err(why)) => {
-                println!("SKIPPED: fault {scenario}: {why}");
+                skip::skip(&format!("fault {scenario}: {why}"));
                 return None;
             }
         };

@@ -5,6 +5,7 @@
 //! is skipped (with a message) only when pip cannot install it.
 
 mod process;
+mod skip;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -25,10 +26,10 @@ fn venv() -> Option<PathBuf> {
         .output()
         .ok()?;
     if !out.status.success() {
-        eprintln!(
-            "SKIP: cannot install the openai package with pip:\n{}",
+        skip::skip(&format!(
+            "cannot install the openai package with pip:\n{}",
             String::from_utf8_lossy(&out.stderr)
-        );
+        ));
         return None;
     }
     Some(PathBuf::from(String::from_utf8(out.stdout).ok()?.trim()))

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
-use tidal_billing::{HoldOutcome, HoldRequest, Principal};
+use tidal_billing::Principal;
 use tidal_protocol::error::parse_json;
 use tidal_protocol::job::JobRequest;
 use tidal_protocol::render::{Endpoint, ResponseMeta};
@@ -26,10 +26,9 @@ use tidal_protocol::ApiError;
 use tidal_queue::{Idempotency, Job, RequestRecord, Submitted};
 use uuid::Uuid;
 
-use crate::breaker::LedgerFault;
-use crate::error::{ledger_unavailable, Reject};
+use crate::error::Reject;
 use crate::gateway::Shared;
-use crate::hold::HoldTerms;
+use crate::hold::{self, HoldTerms};
 use crate::limits::{window::retry_after_secs, Admission};
 use crate::metrics;
 use crate::relay::Tracked;
@@ -132,85 +131,6 @@ fn same_request(
     Ok(kept)
 }
 
-/// Holds the worst case of request `id` against `tenant`'s budget: 402 when it does not fit
-/// beside what is spent and held, 503 when the ledger cannot be asked (a budget is never
-/// checked from a cache: money first).
-async fn place_hold(
-    shared: &Arc<Shared>,
-    id: Uuid,
-    tenant: &str,
-    terms: &HoldTerms,
-) -> Result<(), Reject> {
-    let amount_pico = i64::try_from(terms.worst_case_pico()).map_err(|_| {
-        ApiError::invalid(
-            "max_tokens",
-            "the request's largest possible cost does not fit in the ledger; lower `max_tokens`",
-        )
-    })?;
-    let now = shared.now_utc();
-    let expires_at = now
-        + chrono::Duration::from_std(shared.config.hold_ttl).unwrap_or(chrono::Duration::hours(1));
-    let request_id = id.to_string();
-    let hold = HoldRequest {
-        request_id: &request_id,
-        tenant,
-        amount_pico,
-        expires_at,
-    };
-    let outcome = match shared
-        .ask_ledger(shared.ledger.hold_budget(&hold, now))
-        .await
-    {
-        Ok(o) => o,
-        Err(LedgerFault::Unavailable) => {
-            // A hold written just before the timeout would count until it expires.
-            release_hold(shared, id);
-            return Err(ledger_unavailable());
-        }
-        Err(LedgerFault::Failed(e)) => return Err(e.into()),
-    };
-    match outcome {
-        HoldOutcome::Unlimited | HoldOutcome::Held { .. } => Ok(()),
-        HoldOutcome::Refused {
-            budget_micros,
-            committed_micros,
-            asked_micros,
-        } => {
-            metrics::budget_refused();
-            let free = budget_micros.saturating_sub(committed_micros).max(0);
-            Err(ApiError::payment_required(format!(
-                "This request could cost up to {asked_micros} micros (its prompt and `max_tokens` at the model's prices), and {free} of your monthly budget of {budget_micros} micros are neither spent nor held by requests in flight. Lower `max_tokens`, wait for running requests to finish, or raise the budget."
-            ))
-            .into())
-        }
-    }
-}
-
-/// Drops request `id`'s budget hold in the background (it will bill nothing).
-pub(crate) fn release_hold(shared: &Arc<Shared>, id: Uuid) {
-    settle_hold(shared, id, 0, false);
-}
-
-/// Lowers request `id`'s budget hold to `cost_pico` in the background; `stopped`: the
-/// request was stopped without a final usage (cancelled, failed mid-stream), so its worker
-/// bills it within seconds and the hold's upper bound need only count for
-/// `stopped_hold_ttl`. A failure leaves the hold until its expiry (the safe side).
-pub(crate) fn settle_hold(shared: &Arc<Shared>, id: Uuid, cost_pico: i128, stopped: bool) {
-    let shared = shared.clone();
-    let cost = i64::try_from(cost_pico.max(0)).unwrap_or(i64::MAX);
-    let expires_at = stopped.then(|| {
-        shared.now_utc()
-            + chrono::Duration::from_std(shared.config.stopped_hold_ttl)
-                .unwrap_or(chrono::Duration::minutes(2))
-    });
-    tokio::spawn(async move {
-        let id_text = id.to_string();
-        if let Err(e) = shared.ledger.settle_hold(&id_text, cost, expires_at).await {
-            tracing::warn!(error = %e, %id, "settling a budget hold failed; it counts until it expires");
-        }
-    });
-}
-
 /// Admits and enqueues request `id` of `principal` (authenticated by the caller before it
 /// read the body; see the module docs).
 pub(crate) async fn submit(
@@ -283,7 +203,7 @@ pub(crate) async fn submit(
     // Last of the checks, so a refused request holds nothing.
     let hold = if policy.has_budget {
         let terms = HoldTerms::worst_case(&req, &record);
-        place_hold(shared, id, &tenant, &terms).await?;
+        hold::place(shared, id, &tenant, &terms).await?;
         Some(terms)
     } else {
         None
@@ -324,7 +244,7 @@ pub(crate) async fn submit(
     let submitted = shared.broker.submit(&job, &record).await;
     if hold.is_some() && !matches!(submitted, Ok(Submitted::Enqueued(_))) {
         // Nothing of ours will run: a retry follows the first request, which holds its own.
-        release_hold(shared, id);
+        hold::release(shared, id);
     }
     let (record, hold) = match submitted? {
         Submitted::Enqueued(entry) => (

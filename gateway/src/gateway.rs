@@ -55,7 +55,8 @@ impl Shared {
 
     /// Now, from the configured clock.
     pub fn now_utc(&self) -> chrono::DateTime<chrono::Utc> {
-        chrono::DateTime::from_timestamp_millis(self.now_ms() as i64).unwrap_or_else(chrono::Utc::now)
+        chrono::DateTime::from_timestamp_millis(self.now_ms() as i64)
+            .unwrap_or_else(chrono::Utc::now)
     }
 
     /// The tenant's limits and budget state (cached; while the ledger cannot be asked, an

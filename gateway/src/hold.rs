@@ -8,13 +8,26 @@
 //! and [`MESSAGE_TOKENS`] allow for. The completion's worst case is `max_tokens` (the context
 //! length when a chat request leaves it out). Both are capped at the context length, which
 //! no request can pass.
+//!
+//! [`place`] writes the hold at admission; [`settle`] lowers it when the request ends
+//! (from [`crate::relay`]), in the background.
+
+use std::sync::Arc;
 
 use tidal_billing::money::cost_picos;
 use tidal_billing::price::Prices;
+use tidal_billing::{HoldOutcome, HoldRequest};
 use tidal_protocol::chat::MessageContent;
 use tidal_protocol::completion::PromptField;
 use tidal_protocol::job::JobRequest;
+use tidal_protocol::ApiError;
 use tidal_queue::ModelRecord;
+use uuid::Uuid;
+
+use crate::breaker::LedgerFault;
+use crate::error::{ledger_unavailable, Reject};
+use crate::gateway::Shared;
+use crate::metrics;
 
 /// Tokens a chat template may add to a conversation (its default system prompt, BOS).
 pub(crate) const TEMPLATE_TOKENS: u64 = 256;
@@ -124,6 +137,85 @@ impl HoldTerms {
         ) + cost_picos(tokens(cached), self.prices.cached_input_per_m)
             + cost_picos(tokens(usage.completion_tokens), self.prices.output_per_m)
     }
+}
+
+/// Holds the worst case of request `id` against `tenant`'s budget: 402 when it does not fit
+/// beside what is spent and held, 503 when the ledger cannot be asked (a budget is never
+/// checked from a cache: money first).
+pub(crate) async fn place(
+    shared: &Arc<Shared>,
+    id: Uuid,
+    tenant: &str,
+    terms: &HoldTerms,
+) -> Result<(), Reject> {
+    let amount_pico = i64::try_from(terms.worst_case_pico()).map_err(|_| {
+        ApiError::invalid(
+            "max_tokens",
+            "the request's largest possible cost does not fit in the ledger; lower `max_tokens`",
+        )
+    })?;
+    let now = shared.now_utc();
+    let expires_at = now
+        + chrono::Duration::from_std(shared.config.hold_ttl).unwrap_or(chrono::Duration::hours(1));
+    let request_id = id.to_string();
+    let hold = HoldRequest {
+        request_id: &request_id,
+        tenant,
+        amount_pico,
+        expires_at,
+    };
+    let outcome = match shared
+        .ask_ledger(shared.ledger.hold_budget(&hold, now))
+        .await
+    {
+        Ok(o) => o,
+        Err(LedgerFault::Unavailable) => {
+            // A hold written just before the timeout would count until it expires.
+            release(shared, id);
+            return Err(ledger_unavailable());
+        }
+        Err(LedgerFault::Failed(e)) => return Err(e.into()),
+    };
+    match outcome {
+        HoldOutcome::Unlimited | HoldOutcome::Held { .. } => Ok(()),
+        HoldOutcome::Refused {
+            budget_micros,
+            committed_micros,
+            asked_micros,
+        } => {
+            metrics::budget_refused();
+            let free = budget_micros.saturating_sub(committed_micros).max(0);
+            Err(ApiError::payment_required(format!(
+                "This request could cost up to {asked_micros} micros (its prompt and `max_tokens` at the model's prices), and {free} of your monthly budget of {budget_micros} micros are neither spent nor held by requests in flight. Lower `max_tokens`, wait for running requests to finish, or raise the budget."
+            ))
+            .into())
+        }
+    }
+}
+
+/// Drops request `id`'s budget hold in the background (it will bill nothing).
+pub(crate) fn release(shared: &Arc<Shared>, id: Uuid) {
+    settle(shared, id, 0, false);
+}
+
+/// Lowers request `id`'s budget hold to `cost_pico` in the background; `stopped`: the
+/// request was stopped without a final usage (cancelled, failed mid-stream), so its worker
+/// bills it within seconds and the hold's upper bound need only count for
+/// `stopped_hold_ttl`. A failure leaves the hold until its expiry (the safe side).
+pub(crate) fn settle(shared: &Arc<Shared>, id: Uuid, cost_pico: i128, stopped: bool) {
+    let shared = shared.clone();
+    let cost = i64::try_from(cost_pico.max(0)).unwrap_or(i64::MAX);
+    let expires_at = stopped.then(|| {
+        shared.now_utc()
+            + chrono::Duration::from_std(shared.config.stopped_hold_ttl)
+                .unwrap_or(chrono::Duration::minutes(2))
+    });
+    tokio::spawn(async move {
+        let id_text = id.to_string();
+        if let Err(e) = shared.ledger.settle_hold(&id_text, cost, expires_at).await {
+            tracing::warn!(error = %e, %id, "settling a budget hold failed; it counts until it expires");
+        }
+    });
 }
 
 #[cfg(test)]

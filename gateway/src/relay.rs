@@ -11,6 +11,11 @@
 //! its record goes and its idempotency key (if any) is freed, so a retry runs afresh. When
 //! the gateway is stopping
 //! ([`crate::Gateway::detach_in_flight`]) nothing is cancelled: the client may reattach.
+//!
+//! A request the queue lost (its data gone, e.g. Redis restarted without persistence) would
+//! never send another event: while its stream is silent the gateway looks for its record
+//! now and then, and answers `request_lost` when it is gone and nobody cancelled it
+//! ([`Tracked::vanished`]).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,14 +26,17 @@ use tidal_queue::{EntryId, RequestRecord, ResponseEvent, Withdrawal};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::admission::settle_hold;
 use crate::error::Reject;
 use crate::gateway::Shared;
-use crate::hold::HoldTerms;
+use crate::hold::{self, HoldTerms};
 use crate::metrics;
 
 /// Events read per broker call.
 const READ_BATCH: usize = 256;
+
+/// Silence after which (and between checks) a silent request's record is looked for: one
+/// broker call per silent read at most, and a lost request is told within seconds.
+const LOST_CHECK_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -54,6 +62,10 @@ pub(crate) struct Tracked {
     /// When we began waiting (for the queue-wait metric).
     since: Instant,
     last_event: Instant,
+    /// When its record was last looked for ([`Tracked::vanished`]).
+    last_check: Instant,
+    /// When it was accepted (ms since the epoch, the record's `created_at_ms`).
+    created_at_ms: u64,
     /// Its budget hold's terms, while it has a hold to settle.
     hold: Option<HoldTerms>,
     /// Completion tokens handed to the client so far.
@@ -84,6 +96,8 @@ impl Tracked {
             idempotency_key: record.idempotency.as_ref().map(|i| i.key.clone()),
             since: now,
             last_event: now,
+            last_check: now,
+            created_at_ms: record.created_at_ms,
             hold: None,
             delivered_tokens: 0,
             start_seq: after_seq,
@@ -114,10 +128,10 @@ impl Tracked {
     }
 
     /// Settles the budget hold (once) at `cost_pico`, what the request may still bill;
-    /// `stopped` as in [`settle_hold`].
+    /// `stopped` as in [`hold::settle`].
     fn settle(&mut self, stopped: bool, cost_pico: impl FnOnce(&HoldTerms) -> i128) {
         if let Some(terms) = self.hold.take() {
-            settle_hold(&self.shared, self.id, cost_pico(&terms), stopped);
+            hold::settle(&self.shared, self.id, cost_pico(&terms), stopped);
         }
     }
 
@@ -153,7 +167,8 @@ impl Tracked {
     ///
     /// Errors: 503 + Retry-After when the max queue wait passed and the job was withdrawn;
     /// 504 when a started request went silent for `idle_timeout`; 503 when the broker kept
-    /// failing for `broker_retry`. Each of these also finishes the request.
+    /// failing for `broker_retry`; 503 `request_lost` + Retry-After when the queue lost the
+    /// request ([`Tracked::vanished`]). Each of these also finishes the request.
     pub async fn next(&mut self) -> Result<ResponseEvent, Reject> {
         let mut failing_since: Option<Instant> = None;
         loop {
@@ -241,9 +256,69 @@ impl Tracked {
                             "The worker serving this request stopped responding.",
                         )
                         .into());
+                    } else if self.due_for_check() && self.vanished().await {
+                        tracing::warn!(model = %self.model, id = %self.id, "the queue lost the request");
+                        let delivered = self.delivered_tokens;
+                        self.settle(true, |t| t.stopped_pico(delivered));
+                        // Nothing is left to withdraw or cancel; a retry with its key runs afresh.
+                        self.end(true);
+                        return Err(Reject::retry(
+                            ApiError::new(
+                                503,
+                                Some("request_lost".into()),
+                                None,
+                                "The queue lost this request (its data was lost while the request was queued or running); it will not complete. It may be retried.",
+                            ),
+                            1,
+                        ));
                     }
                 }
                 Err(e) => self.broker_failed(&mut failing_since, e).await?,
+            }
+        }
+    }
+
+    /// Whether a silent request's record is due to be looked for: `LOST_CHECK_AFTER` since
+    /// the last event and the last check, and not while the record may have expired by
+    /// itself or while a deadline withdraw (which forgets it) is due.
+    fn due_for_check(&self) -> bool {
+        let now_ms = self.shared.now_ms();
+        let past_deadline =
+            self.phase == Phase::Queued && self.deadline_ms > 0 && now_ms >= self.deadline_ms;
+        let record_life = self.shared.broker.request_ttl().as_millis() as u64;
+        let may_have_expired = now_ms.saturating_sub(self.created_at_ms) >= record_life;
+        self.last_event.elapsed() >= LOST_CHECK_AFTER
+            && self.last_check.elapsed() >= LOST_CHECK_AFTER
+            && !past_deadline
+            && !may_have_expired
+    }
+
+    /// Whether the request was lost by the queue: its record is gone although no terminal
+    /// event came and nobody cancelled it. Every reader that forgets a record does so only
+    /// after the terminal event is in the stream (or after withdrawing the job, or with a
+    /// cancel flag for its worker), so in normal operation a followed request keeps its
+    /// record until its end is readable. A broker error answers `false` (the read path
+    /// deals with outages).
+    async fn vanished(&mut self) -> bool {
+        self.last_check = Instant::now();
+        let broker = &self.shared.broker;
+        match broker.request(self.id).await {
+            Ok(Some(_)) => false,
+            Ok(None) => match broker.is_cancelled(self.id).await {
+                Ok(cancelled) => {
+                    if cancelled {
+                        tracing::debug!(id = %self.id, "record gone but the request was cancelled; its worker ends it");
+                    }
+                    !cancelled
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, id = %self.id, "reading a cancel flag failed");
+                    false
+                }
+            },
+            Err(e) => {
+                tracing::debug!(error = %e, id = %self.id, "reading a request record failed");
+                false
             }
         }
     }
@@ -350,9 +425,9 @@ impl Tracked {
             };
             if let Some(stopped) = stopped {
                 if started {
-                    settle_hold(&shared, id, stopped, true);
+                    hold::settle(&shared, id, stopped, true);
                 } else {
-                    settle_hold(&shared, id, 0, false);
+                    hold::settle(&shared, id, 0, false);
                 }
             }
             if started {

@@ -7,6 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{json, Value};
 use tidal_billing::ledger::RateLimits;
@@ -692,6 +693,155 @@ async fn worker_error_mid_stream_is_an_error_chunk() {
     assert_eq!(err["error"]["code"], "engine_failure");
     assert_eq!(events[events.len() - 2].id, Some(2));
     assert_eq!(events.last().unwrap().data, "[DONE]");
+    worker.await.unwrap();
+    h.stop().await;
+}
+
+/// The queue loses a running request (its data gone: record and response stream, as when
+/// Redis restarts without persistence) while its worker is stalled: the client is told
+/// within seconds with `request_lost` (an error chunk, then `[DONE]`), not left hanging.
+#[tokio::test]
+async fn a_request_the_queue_lost_gets_request_lost() {
+    let h = Harness::start().await;
+    h.put_model("lossy", 30_000, 0).await;
+    let broker = h.broker.clone();
+    let worker = tokio::spawn(async move {
+        let job = claim_one(&*broker, "lossy").await;
+        for seq in 1..=2u64 {
+            broker
+                .append_response(
+                    job.job.id,
+                    &ResponseEvent::delta(seq, "x", vec![seq as u32]),
+                )
+                .await
+                .unwrap();
+        }
+        job
+    });
+    let body =
+        json!({"model": "lossy", "stream": true, "messages": [{"role": "user", "content": "x"}]})
+            .to_string();
+    let r = h.post("/v1/chat/completions", Some(&h.key), &body).await;
+    assert_eq!(r.status(), 200);
+    // the role chunk and both deltas
+    let (events, mut rest) = read_events(r, 3).await;
+    assert_eq!(chunk_text(&events), "xx");
+    let job = worker.await.unwrap();
+    // The broker loses the request while its worker is stalled.
+    let t = std::time::Instant::now();
+    assert!(h.broker.forget_request(job.job.id).await.unwrap());
+    let mut text = String::new();
+    let read_all = async {
+        while let Some(chunk) = rest.next().await {
+            text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), read_all)
+        .await
+        .expect("the client is told, not left hanging");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let events = parse_sse(&text);
+    let err: Value = serde_json::from_str(&events[events.len() - 2].data).unwrap();
+    assert_eq!(err["error"]["code"], "request_lost", "{err}");
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+
+    // Lost while queued: a plain request gets the 503 itself.
+    let body =
+        json!({"model": "lossy", "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let client = {
+        let (http, url, key) = (
+            h.http.clone(),
+            format!("{}/v1/chat/completions", h.base),
+            h.key.clone(),
+        );
+        tokio::spawn(async move {
+            http.post(url)
+                .bearer_auth(key)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    h.until_backlog("lossy", 1).await;
+    let job = claim_one(&*h.broker, "lossy").await;
+    h.broker.forget_request(job.job.id).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(15), client)
+        .await
+        .expect("the client is told, not left hanging")
+        .unwrap();
+    assert!(r.headers().get("retry-after").is_some());
+    let e = error(r, 503).await;
+    assert_eq!(e["error"]["code"], "request_lost");
+    h.stop().await;
+}
+
+/// Silence alone is no loss: a worker slower than the check interval, and a request whose
+/// record went with a cancel (another reader's client left) while its worker is yet to end
+/// it, are served to the end as usual.
+#[tokio::test]
+async fn a_silent_request_that_was_not_lost_is_served() {
+    let h = Harness::start().await;
+    h.put_model("pensive", 30_000, 0).await;
+    let broker = h.broker.clone();
+    let worker = tokio::spawn(async move {
+        // First request: 3 s between its tokens.
+        let job = claim_one(&*broker, "pensive").await;
+        let id = job.job.id;
+        broker
+            .append_response(id, &ResponseEvent::delta(1, "a", vec![1]))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        broker
+            .append_response(id, &ResponseEvent::delta(2, "b", vec![2]))
+            .await
+            .unwrap();
+        let done = ResponseEvent::Done {
+            seq: 3,
+            finish_reason: tidal_queue::FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 1,
+                cached_prompt_tokens: 0,
+                completion_tokens: 2,
+            },
+        };
+        broker.append_response(id, &done).await.unwrap();
+        broker.ack(&job).await.unwrap();
+        // Second request: cancelled by another reader; its worker ends it 3 s later.
+        let job = claim_one(&*broker, "pensive").await;
+        let id = job.job.id;
+        broker
+            .append_response(id, &ResponseEvent::delta(1, "a", vec![1]))
+            .await
+            .unwrap();
+        broker.cancel(id, 1).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let cancelled = ResponseEvent::Error {
+            seq: 2,
+            status: 499,
+            code: "cancelled".into(),
+            param: None,
+            message: "the request was cancelled".into(),
+        };
+        broker.append_response(id, &cancelled).await.unwrap();
+        broker.ack(&job).await.unwrap();
+    });
+    let body =
+        json!({"model": "pensive", "stream": true, "messages": [{"role": "user", "content": "x"}]})
+            .to_string();
+    let r = h.post("/v1/chat/completions", Some(&h.key), &body).await;
+    assert_eq!(r.status(), 200);
+    let events = parse_sse(&r.text().await.unwrap());
+    assert_eq!(chunk_text(&events), "ab", "{events:?}");
+    let finish: Value = serde_json::from_str(&events[events.len() - 2].data).unwrap();
+    assert_eq!(finish["choices"][0]["finish_reason"], "stop", "{events:?}");
+    let r = h.post("/v1/chat/completions", Some(&h.key), &body).await;
+    assert_eq!(r.status(), 200);
+    let events = parse_sse(&r.text().await.unwrap());
+    let err: Value = serde_json::from_str(&events[events.len() - 2].data).unwrap();
+    assert_eq!(err["error"]["code"], "cancelled", "{events:?}");
     worker.await.unwrap();
     h.stop().await;
 }

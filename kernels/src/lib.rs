@@ -48,6 +48,24 @@ pub(crate) mod test_util {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
+    /// Records that the calling test skips (no GPU, no NVRTC): `scripts/test.sh` counts
+    /// the lines of `$TIDAL_SKIP_LOG` as skipped, not passed.
+    #[cfg(feature = "cuda")]
+    pub fn skip(why: &str) {
+        use std::io::Write;
+        let test = std::thread::current().name().unwrap_or("?").to_owned();
+        eprintln!("skipped {test}: {why}");
+        if let Some(path) = std::env::var_os("TIDAL_SKIP_LOG") {
+            if let Ok(mut log) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = writeln!(log, "{test}: {why}");
+            }
+        }
+    }
+
     /// Deterministic RNG for a test case.
     pub fn rng(seed: u64) -> StdRng {
         StdRng::seed_from_u64(seed)

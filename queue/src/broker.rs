@@ -127,6 +127,12 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// this well within the claim timeout for every job they hold.
     async fn keep_alive(&self, jobs: &[ClaimedJob]) -> Result<Vec<bool>>;
 
+    /// The consumer `job`'s entry is pending for now, or `None` when it is pending for
+    /// nobody (acked, re-enqueued, withdrawn, or lost with the broker's data). A worker
+    /// whose write was refused ([`QueueError::NotOwner`]) asks this to tell a takeover (the
+    /// taker bills) from a job that no one holds any more (it bills what it delivered).
+    async fn holder(&self, job: &ClaimedJob) -> Result<Option<String>>;
+
     /// Marks a finished job done and removes it from the stream.
     async fn ack(&self, job: &ClaimedJob) -> Result<()>;
 
@@ -200,6 +206,11 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
 
     /// The record of request `id`, if it is still kept.
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>>;
+
+    /// How long a request's record is kept after [`Broker::submit`] at most
+    /// ([`BrokerConfig::request_ttl`]): a record younger than this that is gone was forgotten
+    /// (or lost with the broker's data), not expired.
+    fn request_ttl(&self) -> Duration;
 
     /// Forgets request `id` once its answer was delivered or it was withdrawn: its record and
     /// its response stream, in one step. Whether a record was kept. (A started request whose

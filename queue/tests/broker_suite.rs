@@ -55,4 +55,5 @@ suite!(
     decoding_jobs_are_counted,
     take_over_dead_consumers,
     held_appends_are_fenced,
+    holders_of_entries,
 );

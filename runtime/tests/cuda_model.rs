@@ -1,9 +1,12 @@
 //! The forward pass on a GPU (`--device cuda`) against the CPU forward pass, its oracle.
-//! Needs `--features cuda`; passes with a message when no GPU is present.
+//! Needs `--features cuda`; skips (counted as skipped by `scripts/test.sh`) when no GPU is
+//! present.
 
 #![cfg(feature = "cuda")]
 
 mod common;
+#[path = "../../tests/skip/mod.rs"]
+mod skip;
 
 use std::sync::Arc;
 
@@ -19,7 +22,7 @@ fn gpu() -> Option<Arc<Gpu>> {
     match Gpu::new(0) {
         Ok(g) => Some(g),
         Err(e) => {
-            eprintln!("skipping GPU model test: no usable GPU ({e})");
+            skip::skip(&format!("no usable GPU ({e})"));
             None
         }
     }

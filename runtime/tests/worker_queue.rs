@@ -40,6 +40,7 @@ both_brokers!(
     cancellation_frees_the_sequence,
     a_cancel_bills_exactly_the_deltas_the_client_was_handed,
     a_job_taken_over_after_a_cancel_bills_what_was_handed,
+    a_job_the_queue_lost_bills_what_was_delivered,
     tenants_never_share_cached_prompt_blocks,
     prepare_errors_are_one_error_event,
     jobs_wait_for_a_worker_and_withdrawn_jobs_never_run,
@@ -215,6 +216,41 @@ async fn a_job_taken_over_after_a_cancel_bills_what_was_handed(h: Harness) {
     let summary = second.shutdown().await;
     assert_eq!((summary.claimed, summary.taken_over), (0, 1), "{summary:?}");
     assert_eq!(b.depth("m").await.unwrap().in_flight, 0);
+}
+
+/// The broker loses a running job with its data (its jobs stream and response stream gone,
+/// as when Redis restarts without persistence): its worker's next write or keep-alive is
+/// refused, and since no other worker holds the job, it bills the prompt and the tokens it
+/// appended before it stops, once.
+async fn a_job_the_queue_lost_bills_what_was_delivered(h: Harness) {
+    let (_dir, model) = tiny_model(&slow_spec());
+    let b = h.broker.clone();
+    let worker = spawn_worker(model.clone(), b.clone(), test_config("m", "w1"));
+    let prompt = prompts(1).remove(0);
+    let j = job("m", &prompt, 3000);
+    b.enqueue(&j).await.unwrap();
+    read_until(&*b, j.id, 3).await;
+    b.purge_model("m").await.unwrap();
+    let status = worker.status.clone();
+    wait_until("the worker let the job go", LONG, || {
+        status.summary().lost == 1
+    })
+    .await;
+    // Everything it appended is still in the response stream until that goes too.
+    let events = b
+        .read_responses(j.id, 0, 10_000, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!events.iter().any(ResponseEvent::is_terminal), "{events:?}");
+    let (written, _) = delivered(&events);
+    assert!(written.len() >= 3);
+    b.forget_request(j.id).await.unwrap();
+    let by = usage_by_request(&usage_arrived(&*b).await);
+    assert_billed(&by, j.id, prompt.len() as u64, written.len() as u64);
+    assert_eq!(by[&j.id][&0].worker, "w1", "billed by its holder");
+    let summary = worker.shutdown().await;
+    assert_eq!((summary.lost, summary.completed), (1, 0), "{summary:?}");
+    assert!(usage_events(&*b).await.is_empty(), "billed once");
 }
 
 /// The done event's cached prompt tokens of `tenant`'s greedy job over `prompt`.

@@ -34,11 +34,21 @@ pub struct ModelsArgs {
     #[arg(long, env = "TIDAL_REDIS_URL", value_parser = parse_redis_url)]
     pub redis: String,
     /// Key prefix of the broker's keys (the gateway's `--key-prefix`).
-    #[arg(long, visible_alias = "prefix", default_value = "tidal:")]
+    #[arg(
+        long,
+        visible_alias = "prefix",
+        default_value = "tidal:",
+        global = true
+    )]
     pub key_prefix: String,
     /// Ledger database, `postgres://...` or `sqlite:PATH` (migrated if needed); `put` writes
     /// the prices there.
-    #[arg(long, env = "TIDAL_DATABASE_URL", value_parser = parse_database_url)]
+    #[arg(
+        long,
+        env = "TIDAL_DATABASE_URL",
+        value_parser = parse_database_url,
+        global = true
+    )]
     pub database: Option<String>,
     #[command(subcommand)]
     pub command: ModelsCommand,
@@ -234,18 +244,31 @@ fn record(args: &PutArgs) -> anyhow::Result<ModelRecord> {
     })
 }
 
+/// An operation with its values checked, ready to run against the services.
+enum Op {
+    Put {
+        record: ModelRecord,
+        database: String,
+    },
+    List,
+    Remove {
+        name: String,
+    },
+}
+
 /// Runs one operation.
 pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
     // Everything that needs no service is checked before connecting to one.
-    let put = match &args.command {
-        ModelsCommand::Put(put) => {
-            let database = args.database.clone().context(
+    let op = match &args.command {
+        ModelsCommand::Put(put) => Op::Put {
+            database: args.database.clone().context(
                 "`tidal models put` needs --database (or TIDAL_DATABASE_URL): the prices are \
                  written to the ledger too",
-            )?;
-            Some((record(put)?, database))
-        }
-        _ => None,
+            )?,
+            record: record(put)?,
+        },
+        ModelsCommand::List => Op::List,
+        ModelsCommand::Remove { name } => Op::Remove { name: name.clone() },
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     runtime.block_on(async move {
@@ -256,14 +279,10 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
         let broker = RedisBroker::connect(&args.redis, config)
             .await
             .with_context(|| format!("connecting to --redis {}", args.redis))?;
-        let out = match (args.command, put) {
-            (ModelsCommand::Put(_), Some((record, database))) => {
-                publish(&broker, &database, record).await?
-            }
-            (ModelsCommand::List, _) => {
-                json!(broker.models().await.context("reading the model records")?)
-            }
-            (ModelsCommand::Remove { name }, _) => {
+        let out = match op {
+            Op::Put { record, database } => publish(&broker, &database, record).await?,
+            Op::List => json!(broker.models().await.context("reading the model records")?),
+            Op::Remove { name } => {
                 let removed = broker
                     .remove_model(&name)
                     .await
@@ -275,7 +294,6 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
                 );
                 json!({"id": name, "removed": true})
             }
-            (ModelsCommand::Put(_), None) => unreachable!("put is prepared above"),
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
         anyhow::Ok(())
@@ -441,6 +459,16 @@ mod tests {
         argv.extend(PRICES);
         let e = format!("{:#}", record(&put(&argv).unwrap()).unwrap_err());
         assert!(e.contains("--gguf /nonexistent/m.gguf"), "{e}");
+    }
+
+    #[test]
+    fn database_and_prefix_may_follow_the_operation() {
+        let mut argv = vec!["tidal", "--redis", "redis://h", "put", "m", "--database"];
+        argv.extend(["sqlite:y.db", "--prefix", "p:", "--context-length", "8"]);
+        argv.extend(PRICES);
+        let args = Cli::try_parse_from(argv).unwrap().args;
+        assert_eq!(args.database.as_deref(), Some("sqlite:y.db"));
+        assert_eq!(args.key_prefix, "p:");
     }
 
     #[test]

@@ -289,7 +289,7 @@ pub fn renderer_or_skip(test: &str) -> Option<Renderer> {
     match renderer() {
         Ok(r) => Some(r),
         Err(why) => {
-            eprintln!("skipped {test}: cannot render the chart: {why}");
+            crate::skip::skip(&format!("{test}: cannot render the chart: {why}"));
             None
         }
     }

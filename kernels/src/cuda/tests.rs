@@ -29,7 +29,10 @@ macro_rules! require_gpu {
     () => {
         match gpu() {
             Some(g) => g,
-            None => return,
+            None => {
+                crate::test_util::skip("no usable GPU");
+                return;
+            }
         }
     };
 }
@@ -37,7 +40,7 @@ macro_rules! require_gpu {
 #[test]
 fn kernel_source_compiles_with_nvrtc() {
     if !nvrtc_available() {
-        eprintln!("skipping: libnvrtc is not on the library path (scripts/nvrtc.sh fetches it)");
+        crate::test_util::skip("libnvrtc is not on the library path (scripts/nvrtc.sh fetches it)");
         return;
     }
     for arch in ["compute_75", "compute_80", "compute_90"] {

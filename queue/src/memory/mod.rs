@@ -405,6 +405,19 @@ impl Broker for MemoryBroker {
             .collect())
     }
 
+    async fn holder(&self, job: &ClaimedJob) -> Result<Option<String>> {
+        let Some(id) = StreamId::parse(&job.entry_id) else {
+            return Ok(None);
+        };
+        let key = (job.job.model.clone(), job.job.resume.is_some());
+        let st = self.lock();
+        Ok(st
+            .jobs
+            .get(&key)
+            .and_then(|s| s.pending(id))
+            .map(|p| p.consumer.clone()))
+    }
+
     async fn ack(&self, job: &ClaimedJob) -> Result<()> {
         let now = self.now();
         {
@@ -587,6 +600,10 @@ impl Broker for MemoryBroker {
 
     async fn request(&self, id: Uuid) -> Result<Option<RequestRecord>> {
         Ok(self.lock().request(id, self.now()))
+    }
+
+    fn request_ttl(&self) -> Duration {
+        self.config.request_ttl
     }
 
     async fn forget_request(&self, id: Uuid) -> Result<bool> {

@@ -496,6 +496,34 @@ impl Broker for RedisBroker {
         Ok(out)
     }
 
+    async fn holder(&self, job: &ClaimedJob) -> Result<Option<String>> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(
+            self.keys
+                .job_stream(&job.job.model, job.job.resume.is_some()),
+        )
+        .arg(WORKERS_GROUP)
+        .arg(&job.entry_id)
+        .arg(&job.entry_id)
+        .arg(1);
+        let v = match self.query::<Value>(&cmd).await {
+            // No stream or no group: nothing is pending at all.
+            Err(QueueError::Redis(e)) if is_code(&e, "NOGROUP") => return Ok(None),
+            other => other?,
+        };
+        // [[entry, consumer, idle ms, deliveries]], or [] when the entry is not pending.
+        let rows = items(&v).unwrap_or_default();
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => {
+                let consumer = items(row)
+                    .and_then(|r| r.get(1).and_then(string))
+                    .ok_or_else(|| malformed("XPENDING reply", format!("{v:?}")))?;
+                Ok(Some(consumer))
+            }
+        }
+    }
+
     async fn ack(&self, job: &ClaimedJob) -> Result<()> {
         let mut c = self.conn.clone();
         let n: i64 = self
@@ -770,6 +798,10 @@ impl Broker for RedisBroker {
             Some(s) => Some(serde_json::from_str(&s)?),
             None => None,
         })
+    }
+
+    fn request_ttl(&self) -> Duration {
+        self.config.request_ttl
     }
 
     async fn forget_request(&self, id: Uuid) -> Result<bool> {

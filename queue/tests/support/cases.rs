@@ -1243,3 +1243,46 @@ pub async fn held_appends_are_fenced(h: &dyn Harness) {
     let all = b.read_responses(j.id, 0, 10, NO_WAIT).await.unwrap();
     assert_eq!(all, vec![delta(1, "a", &[1]), delta(2, "b", &[2]), done(3)]);
 }
+
+/// `holder` names the consumer a job's entry is pending for, through claim, takeover,
+/// re-enqueue (the old entry is no one's; the resumed one is its claimer's) and ack, and
+/// `None` once the entry is gone, even with its whole stream (data lost).
+pub async fn holders_of_entries(h: &dyn Harness) {
+    let b = h.broker();
+    let m = model();
+    let j = job(h, &m);
+    b.enqueue(&j).await.unwrap();
+    let w1 = b.claim(&m, "w1", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(b.holder(&w1).await.unwrap().as_deref(), Some("w1"));
+    b.heartbeat(&beat(&m, "w1", 1, h.now_ms() - 10_000))
+        .await
+        .unwrap();
+    let w2 = b
+        .take_over_dead(&m, "w2", h.now_ms(), Duration::from_secs(3), 1)
+        .await
+        .unwrap()
+        .remove(0);
+    // the same entry, asked about by its old holder or its taker
+    assert_eq!(b.holder(&w1).await.unwrap().as_deref(), Some("w2"));
+    assert_eq!(b.holder(&w2).await.unwrap().as_deref(), Some("w2"));
+    b.requeue(&w2, Resume::default()).await.unwrap();
+    assert_eq!(b.holder(&w1).await.unwrap(), None);
+    let w3 = b.claim(&m, "w3", 1, NO_WAIT).await.unwrap().remove(0);
+    assert!(w3.job.resume.is_some());
+    assert_eq!(b.holder(&w3).await.unwrap().as_deref(), Some("w3"));
+    b.ack(&w3).await.unwrap();
+    assert_eq!(b.holder(&w3).await.unwrap(), None);
+    // the model's streams gone altogether
+    let k = job(h, &m);
+    b.enqueue(&k).await.unwrap();
+    let w4 = b.claim(&m, "w4", 1, NO_WAIT).await.unwrap().remove(0);
+    assert_eq!(b.holder(&w4).await.unwrap().as_deref(), Some("w4"));
+    b.purge_model(&m).await.unwrap();
+    assert_eq!(b.holder(&w4).await.unwrap(), None);
+    // a model that never had a stream
+    let never = ClaimedJob {
+        job: job(h, &model()),
+        ..w4
+    };
+    assert_eq!(b.holder(&never).await.unwrap(), None);
+}

@@ -194,7 +194,7 @@ impl<'a> JobRun<'a> {
                             self.mark_decoding().await;
                         }
                     }
-                    Appended::Lost => return self.lost(),
+                    Appended::Lost => return self.lost().await,
                     Appended::Finished => return self.ack_only().await,
                     Appended::Failed => return Outcome::Abandoned,
                 }
@@ -221,7 +221,58 @@ impl<'a> JobRun<'a> {
         }
     }
 
-    fn lost(&self) -> Outcome {
+    /// The job is no longer ours, and this segment's usage is not published yet. When
+    /// another worker holds the entry, that taker bills the segment from the stream. When
+    /// no one does (a taker re-enqueued it, or the broker lost it with its data), the tokens
+    /// this segment appended are billed here (up to a cancel flag's seq), as a taker bills
+    /// them: the same key and counts, so billing keeps one of the two.
+    async fn lost(&self) -> Outcome {
+        let shared = self.shared;
+        let id = self.claimed.job.id;
+        match io::retry(shared, "looking up a job's holder", || {
+            shared.broker.holder(&self.claimed)
+        })
+        .await
+        {
+            Ok(Some(holder)) => {
+                tracing::debug!(request_id = %id, holder, "the job was taken over");
+                return self.gone();
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(request_id = %id, error = %e, "cannot tell who holds a lost job; stopping without billing it");
+                return Outcome::Lost;
+            }
+        }
+        let ids = [id];
+        let completion = match io::retry(shared, "reading a cancel flag", || {
+            shared.broker.cancelled(&ids)
+        })
+        .await
+        {
+            Ok(flags) => match flags.into_iter().next().flatten() {
+                Some(seq) => self.seg.delivered_through(seq),
+                None => self.seg.delivered_tokens(),
+            },
+            Err(e) => {
+                tracing::error!(request_id = %id, error = %e, "cannot read a lost job's cancel flag; stopping without billing it");
+                return Outcome::Lost;
+            }
+        };
+        let usage = self.seg.usage(
+            &self.runner(),
+            self.prompt_tokens,
+            0,
+            completion,
+            system_now_ms(),
+        );
+        tracing::warn!(request_id = %id, completion, "no worker holds this request any more; billing what was delivered and stopping");
+        io::publish_usage(shared, &usage).await;
+        Outcome::Lost
+    }
+
+    /// The job is no longer ours and its segment is billed already (or bills nothing).
+    fn gone(&self) -> Outcome {
         tracing::warn!(request_id = %self.claimed.job.id, "another worker writes this request now; stopping");
         Outcome::Lost
     }
@@ -237,7 +288,7 @@ impl<'a> JobRun<'a> {
     ) -> Outcome {
         match io::append(self.shared, &self.claimed, &event).await {
             Appended::Written => self.seg.written(&event),
-            Appended::Lost => return self.lost(),
+            Appended::Lost => return self.lost().await,
             Appended::Finished => return self.ack_only().await,
             Appended::Failed => return Outcome::Abandoned,
         }
@@ -290,7 +341,7 @@ impl<'a> JobRun<'a> {
             .error(e.status, error_code(e), e.param.clone(), e.message.clone());
         match io::append(self.shared, &self.claimed, &event).await {
             Appended::Written | Appended::Finished => {}
-            Appended::Lost => return self.lost(),
+            Appended::Lost => return self.gone(),
             Appended::Failed => return Outcome::Abandoned,
         }
         match io::ack(self.shared, &self.claimed).await {
@@ -334,7 +385,7 @@ impl<'a> JobRun<'a> {
         match io::append(self.shared, &self.claimed, &event).await {
             Appended::Written => self.seg.written(&event),
             Appended::Finished => {}
-            Appended::Lost => return self.lost(),
+            Appended::Lost => return self.gone(),
             Appended::Failed => return Outcome::Abandoned,
         }
         match io::ack(self.shared, &self.claimed).await {
@@ -347,7 +398,7 @@ impl<'a> JobRun<'a> {
     async fn stop(&mut self, order: Control) -> Outcome {
         let delivered = self.seg.delivered_tokens();
         match order {
-            Control::Run | Control::Lost => self.lost(),
+            Control::Run | Control::Lost => self.lost().await,
             Control::Cancel(delivered_seq) => self.cancelled(delivered_seq).await,
             Control::Drain => {
                 let usage = self.seg.usage(

@@ -87,35 +87,8 @@ pub async fn start_gateway_with(
     db: &str,
     log: std::process::Stdio,
 ) -> (KillOnDrop, String) {
-    let port = free_port();
-    let gateway = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--redis",
-                redis_url,
-                "--database",
-                db,
-                "--key-prefix",
-                prefix,
-            ])
-            .args(["--cache-ttl-ms", "200"])
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    let health = format!("{base}/health");
-    eventually("the gateway healthy", Duration::from_secs(60), || {
-        let health = health.clone();
-        async move {
-            let r = reqwest::get(health).await.ok()?;
-            r.status().is_success().then_some(())
-        }
-    })
-    .await;
-    (gateway, base)
+    let extra = ["--cache-ttl-ms", "200"];
+    start_service("gateway", &extra, redis_url, prefix, db, log).await
 }
 
 /// A `tidal billing` process (consumer `billing-test`) over Redis `redis_url` (keys under
@@ -126,10 +99,24 @@ pub async fn start_billing(
     db: &str,
     log: std::process::Stdio,
 ) -> (KillOnDrop, String) {
+    let extra = ["--consumer", "billing-test"];
+    start_service("billing", &extra, redis_url, prefix, db, log).await
+}
+
+/// `tidal <command> <extra>` over Redis and ledger `db` on a free port, with its stderr going
+/// to `log`, once its `/health` answers: the process and its base URL.
+async fn start_service(
+    command: &str,
+    extra: &[&str],
+    redis_url: &str,
+    prefix: &str,
+    db: &str,
+    log: std::process::Stdio,
+) -> (KillOnDrop, String) {
     let port = free_port();
-    let billing = KillOnDrop(
+    let process = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tidal"))
-            .args(["billing", "--listen", &format!("127.0.0.1:{port}")])
+            .args([command, "--listen", &format!("127.0.0.1:{port}")])
             .args([
                 "--redis",
                 redis_url,
@@ -138,7 +125,7 @@ pub async fn start_billing(
                 "--key-prefix",
                 prefix,
             ])
-            .args(["--consumer", "billing-test"])
+            .args(extra)
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -147,7 +134,7 @@ pub async fn start_billing(
     let base = format!("http://127.0.0.1:{port}");
     let health = format!("{base}/health");
     eventually(
-        "the billing consumer healthy",
+        &format!("tidal {command} healthy"),
         Duration::from_secs(60),
         || {
             let health = health.clone();
@@ -158,5 +145,5 @@ pub async fn start_billing(
         },
     )
     .await;
-    (billing, base)
+    (process, base)
 }

@@ -62,7 +62,14 @@ async fn ingest(h: &Harness) -> usize {
             return n;
         }
         let records: Vec<_> = batch.iter().map(|d| to_record(&d.event).unwrap()).collect();
-        h.ledger.record_batch(&records).await.unwrap();
+        // SQLite refuses a batch whose read snapshot a hold's commit made stale ("database
+        // is locked"); the billing consumer retries such a batch, and so does this.
+        let mut tries = 0;
+        while let Err(e) = h.ledger.record_batch(&records).await {
+            tries += 1;
+            assert!(e.is_transient() && tries < 50, "ingest failed: {e}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let ids: Vec<_> = batch.into_iter().map(|d| d.entry_id).collect();
         h.broker.ack_usage(&ids).await.unwrap();
         n += records.len();

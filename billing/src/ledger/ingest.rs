@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::{QueryBuilder, Row};
 
 use super::holds::apply_to_holds;
-use super::{on_pool, to_us, BeginWrite, Ledger};
+use super::{on_pool, to_us, Ledger};
 use crate::error::{Error, Result};
 use crate::price::{PriceVersion, Prices, UNPRICED};
 use crate::usage::{aggregate, price_records, stored_tokens, PricedRecord, Totals, UsageRecord};
@@ -274,7 +274,7 @@ impl Ledger {
         let models: BTreeSet<String> = valid.iter().map(|r| r.model.clone()).collect();
 
         on_pool!(self, |pool, Db| {
-            let mut tx = <Db as BeginWrite>::begin_write(pool).await?;
+            let mut tx = pool.begin().await?;
 
             let versions = load_versions!(tx, Db, models);
             let priced = price_records(valid, &versions);

@@ -165,33 +165,6 @@ impl Ledger {
     }
 }
 
-/// Transactions that read before they write.
-pub(crate) trait BeginWrite: sqlx::Database {
-    /// Begins a transaction that will write. SQLite takes its write lock at once
-    /// (`BEGIN IMMEDIATE`, waiting up to the busy timeout): a WAL read snapshot cannot be
-    /// upgraded once another writer committed, so a transaction that reads first would fail
-    /// with `database is locked` instead of waiting. PostgreSQL needs nothing more.
-    async fn begin_write(
-        pool: &sqlx::Pool<Self>,
-    ) -> std::result::Result<sqlx::Transaction<'static, Self>, sqlx::Error>;
-}
-
-impl BeginWrite for sqlx::Postgres {
-    async fn begin_write(
-        pool: &sqlx::Pool<Self>,
-    ) -> std::result::Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
-        pool.begin().await
-    }
-}
-
-impl BeginWrite for sqlx::Sqlite {
-    async fn begin_write(
-        pool: &sqlx::Pool<Self>,
-    ) -> std::result::Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
-        pool.begin_with("BEGIN IMMEDIATE").await
-    }
-}
-
 /// Microseconds since the epoch, the stored form of an instant.
 pub(crate) fn to_us(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()

@@ -89,7 +89,7 @@ pub struct SimReport {
     pub foresight: PolicySummary,
     /// The oracle with replicas that start instantly and free.
     pub oracle_no_cold_start: PolicySummary,
-    /// The fluid lower bound, valid for every run (the oracle before issue #7's tightening).
+    /// The fluid lower bound, valid for every run (looser than the oracle).
     pub fluid_bound: PolicySummary,
     /// Every simulated policy, ours first.
     pub policies: Vec<PolicySummary>,

@@ -65,7 +65,7 @@ pub enum ProfileError {
 
 impl ServiceProfile {
     /// SmolLM2-135M (Q4_1 as shipped) on 2 CPU cores, measured with `tidal bench profile`
-    /// (session 8, medians of three runs of five): 1,469-token prefill at 660 tokens/s,
+    /// (medians of three runs of five): 1,469-token prefill at 660 tokens/s,
     /// 164 tokens/s batch-1 decode, 554 tokens/s aggregate at 16 sequences; cold start 30 s
     /// for node and image (the measured 0.08 s model load is below the precision of that
     /// estimate and left out); 6 requests in flight per replica (those it prefills within

@@ -180,8 +180,7 @@ pub fn oracle(schedule: &bound::Schedule, reqs: &[Request], p: &ServiceProfile) 
 }
 
 /// The oracle whose replicas start instantly and free (`oracle-no-cold`): [`bound::bound_ms`] with
-/// every request anchored. Issue #7's first reading of "no cold start"; no fleet that pays
-/// cold starts can approach it when requests are sparser than a cold start (see
+/// every request anchored: "no cold start" read literally; no fleet that pays cold starts can approach it when requests are sparser than a cold start (see
 /// `docs/autoscaling.md`, "Which oracle").
 pub fn oracle_no_cold_start(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let all = vec![true; reqs.len()];

@@ -40,6 +40,20 @@ impl Prices {
     }
 }
 
+impl From<&tidal_queue::Prices> for Prices {
+    /// A model record's prices (what the gateway shows and admits on) in the ledger's terms;
+    /// a price above `i64::MAX` micros saturates (no model record can carry one: the CRD and
+    /// `tidal models` cap prices far below).
+    fn from(p: &tidal_queue::Prices) -> Self {
+        let micros = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        Prices {
+            input_per_m: micros(p.input_per_mtok_micros),
+            cached_input_per_m: micros(p.cached_input_per_mtok_micros),
+            output_per_m: micros(p.output_per_mtok_micros),
+        }
+    }
+}
+
 /// One stored price version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PriceVersion {

@@ -45,17 +45,6 @@ pub(crate) struct HoldTerms {
     pub completion_tokens: u64,
 }
 
-/// A model record's prices in the ledger's terms (micros per million tokens).
-fn ledger_prices(record: &ModelRecord) -> Prices {
-    let p = &record.prices;
-    let micros = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    Prices {
-        input_per_m: micros(p.input_per_mtok_micros),
-        cached_input_per_m: micros(p.cached_input_per_mtok_micros),
-        output_per_m: micros(p.output_per_mtok_micros),
-    }
-}
-
 fn tokens(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -104,7 +93,7 @@ impl HoldTerms {
         }
         .map_or(context, |m| m as u64);
         HoldTerms {
-            prices: ledger_prices(record),
+            prices: Prices::from(&record.prices),
             prompt_tokens: prompt.min(context),
             completion_tokens: completion.min(context),
         }

@@ -36,12 +36,7 @@ fn priced() -> ModelRecord {
 async fn publish_priced(h: &Harness) {
     let record = priced();
     h.broker.put_model(&record).await.unwrap();
-    let p = &record.prices;
-    let prices = tidal_billing::Prices {
-        input_per_m: p.input_per_mtok_micros as i64,
-        cached_input_per_m: p.cached_input_per_mtok_micros as i64,
-        output_per_m: p.output_per_mtok_micros as i64,
-    };
+    let prices = tidal_billing::Prices::from(&record.prices);
     let since = chrono::Utc::now() - chrono::Duration::days(1);
     h.ledger
         .set_price(PRICED, since, prices, since)

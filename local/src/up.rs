@@ -211,11 +211,7 @@ pub async fn run(
     };
 
     // Prices go to the ledger (billing) and the model record (gateway, /v1/models).
-    let billing_prices = tidal_billing::Prices {
-        input_per_m: config.prices.input_per_mtok_micros as i64,
-        cached_input_per_m: config.prices.cached_input_per_mtok_micros as i64,
-        output_per_m: config.prices.output_per_mtok_micros as i64,
-    };
+    let billing_prices = tidal_billing::Prices::from(&config.prices);
     let mut fleet_models = Vec::new();
     let mut launch = HashMap::new();
     for (name, path, context_length) in &resolved {

@@ -310,11 +310,7 @@ async fn publish(
     let ledger = Ledger::connect(database)
         .await
         .with_context(|| format!("opening ledger --database {database}"))?;
-    let prices = tidal_billing::Prices {
-        input_per_m: record.prices.input_per_mtok_micros as i64,
-        cached_input_per_m: record.prices.cached_input_per_mtok_micros as i64,
-        output_per_m: record.prices.output_per_mtok_micros as i64,
-    };
+    let prices = tidal_billing::Prices::from(&record.prices);
     let now = chrono::Utc::now();
     let added = ledger
         .ensure_price(&record.id, prices, now)

@@ -15,9 +15,9 @@
 //! - C (tmm2, tmm5): `C[n][l]` = Σ q·q8 of weight row n and activation row l, so a row of C
 //!   is the 16-lane vector the other kernels hold per weight row.
 //!
-//! Measured on a 2-core Xeon with AMX (docs/benchmarks.md, "AMX tile products for prefill"): a block's tile work
-//! (zero, two loads, product, store) takes ~22 cycles from L1, so with the scaling it pays
-//! only when a group of weight rows meets several panels. At 16 activation rows it ran one
+//! Measured on a 2-core Xeon with AMX (docs/benchmarks.md, "AMX tile products for
+//! prefill"): a block's tile work (zero, two loads, product, store) takes ~22 cycles from
+//! L1, so with the scaling it pays only when a group of weight rows meets several panels. At 16 activation rows it ran one
 //! thread's 576 × 1536 Q8_0 matmul 1.3x as fast as the AVX-512 GEMM but lost with two
 //! threads on a whole decode step; at 128 rows it is 1.4-1.5x as fast. So the matmul sends
 //! it batches of [`super::matmul::AMX_MIN_ROWS`] rows or more (prefill chunks).

@@ -1,32 +1,41 @@
-//! Quantised matmuls, ours against candle's `k_quants::matmul`, for every format we run
-//! (Q4_0, Q4_1, Q8_0), on the SmolLM2-135M shapes (k → n: attention q/o 576→576, FFN gate/up
+//! Quantised matmuls, ours against candle's `k_quants::matmul`, for every format we run:
+//! the 32-weight formats (Q4_0, Q4_1, Q5_0, Q8_0) on the SmolLM2-135M shapes (k → n: attention q/o 576→576, FFN gate/up
 //! 576→1536, down 1536→576, and the Q8_0 LM head 576→49152), for decode (m = 1) and a batch
 //! of 16 rows (m = 16, as 16 concurrent decodes). Ours runs as `avx2` (row dot products at
 //! m = 1, the panel GEMM at m = 16), `avx2vnni` (the GEMM with AVX-VNNI, where the CPU has it),
 //! `avx512vnni` (the 16-row GEMM with AVX-512 VNNI, where the CPU has it) and `avx2rows` (row
-//! dot products at every m, the batched path before the GEMM). One run holds every figure, so
-//! ratios are comparable on a noisy machine.
+//! dot products at every m, the batched path before the GEMM). The K-quants (and Q8_0 beside
+//! them) run on the Gemma 3 270M shapes of its K-quant matrices (attention output 1024→640,
+//! FFN down 2048→640). One run holds every figure, so ratios are comparable on a noisy
+//! machine.
 
-use candle_core::quantized::k_quants::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
+use candle_core::quantized::k_quants::{
+    self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ6K,
+    BlockQ8_0, GgmlType,
+};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
-use tidal_kernels::{matmul_with, DotKernel, QuantType, QK};
+use tidal_kernels::{matmul_with, DotKernel, QuantType};
 
 /// `n_blocks` random blocks of `ty` with scales like real weights.
 fn random_blocks(r: &mut StdRng, ty: QuantType, n_blocks: usize) -> Vec<u8> {
     let mut w = Vec::with_capacity(n_blocks * ty.block_bytes());
     for _ in 0..n_blocks {
         let d: f32 = r.random_range(0.001..0.05);
-        w.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
-        match ty {
-            QuantType::Q4_0 => w.extend((0..16).map(|_| r.random::<u8>())),
-            QuantType::Q4_1 => {
-                w.extend_from_slice(&half::f16::from_f32(-8.0 * d).to_le_bytes());
-                w.extend((0..16).map(|_| r.random::<u8>()));
-            }
-            QuantType::Q8_0 => w.extend((0..32).map(|_| r.random::<i8>() as u8)),
+        let start = w.len();
+        w.extend((0..ty.block_bytes()).map(|_| r.random::<u8>()));
+        // Where the format keeps its f16 scale (the rest stays random bits).
+        let d_at = match ty {
+            QuantType::Q6_K => 208,
+            QuantType::Q3_K => 108,
+            QuantType::Q2_K => 80,
+            _ => 0,
+        };
+        w[start + d_at..start + d_at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        if ty == QuantType::Q4_1 {
+            w[start + 2..start + 4].copy_from_slice(&half::f16::from_f32(-8.0 * d).to_le_bytes());
         }
     }
     w
@@ -55,7 +64,13 @@ fn candle_matmul(ty: QuantType, w: &[u8]) -> Matmul {
     match ty {
         QuantType::Q4_0 => boxed::<BlockQ4_0>(w),
         QuantType::Q4_1 => boxed::<BlockQ4_1>(w),
+        QuantType::Q5_0 => boxed::<BlockQ5_0>(w),
         QuantType::Q8_0 => boxed::<BlockQ8_0>(w),
+        QuantType::Q4_K => boxed::<BlockQ4K>(w),
+        QuantType::Q5_K => boxed::<BlockQ5K>(w),
+        QuantType::Q6_K => boxed::<BlockQ6K>(w),
+        QuantType::Q3_K => boxed::<BlockQ3K>(w),
+        QuantType::Q2_K => boxed::<BlockQ2K>(w),
     }
 }
 
@@ -63,46 +78,51 @@ fn bench(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(1);
     let mut group = c.benchmark_group("quant_matmul");
-    for ty in QuantType::ALL {
+    let cases = QuantType::BLOCK32.into_iter().flat_map(|ty| {
         let mut shapes = vec![(576, 576), (576, 1536), (1536, 576)];
         if ty == QuantType::Q8_0 {
             shapes.push((576, 49152));
         }
-        for (k, n) in shapes {
-            let w = random_blocks(&mut r, ty, n * k / QK);
-            let theirs = candle_matmul(ty, &w);
-            // Decode alone, a decode batch, a prefill chunk.
-            for m in [1usize, 16, 128] {
-                let x: Vec<f32> = (0..m * k).map(|_| r.random_range(-2.0..2.0)).collect();
-                let mut out = vec![0.0f32; m * n];
-                let shape = format!("{ty:?}_m{m}_k{k}_n{n}").to_lowercase();
-                group.throughput(Throughput::Bytes(w.len() as u64));
-                let kernels: &[DotKernel] = if m == 1 {
-                    &[DotKernel::Avx2]
-                } else {
-                    &[
-                        DotKernel::Amx,
-                        DotKernel::Avx512Vnni,
-                        DotKernel::Avx2Vnni,
-                        DotKernel::Avx2,
-                        DotKernel::Avx2Rows,
-                    ]
-                };
-                for &kernel in kernels.iter().filter(|k| k.is_supported()) {
-                    let name = format!("tidal_{kernel:?}").to_lowercase();
-                    group.bench_function(BenchmarkId::new(name, &shape), |b| {
-                        b.iter_custom(|iters| {
-                            in_pool(&pool, iters, || {
-                                matmul_with(kernel, ty, black_box(&x), &w, m, k, n, &mut out)
-                            })
+        shapes.into_iter().map(move |s| (ty, s))
+    });
+    let k_cases = [QuantType::Q8_0]
+        .into_iter()
+        .chain(QuantType::K_QUANTS)
+        .flat_map(|ty| [(1024, 640), (2048, 640)].map(|s| (ty, s)));
+    for (ty, (k, n)) in cases.chain(k_cases) {
+        let w = random_blocks(&mut r, ty, n * k / ty.block_elems());
+        let theirs = candle_matmul(ty, &w);
+        // Decode alone, a decode batch, a prefill chunk.
+        for m in [1usize, 16, 128] {
+            let x: Vec<f32> = (0..m * k).map(|_| r.random_range(-2.0..2.0)).collect();
+            let mut out = vec![0.0f32; m * n];
+            let shape = format!("{ty:?}_m{m}_k{k}_n{n}").to_lowercase();
+            group.throughput(Throughput::Bytes(w.len() as u64));
+            let kernels: &[DotKernel] = if m == 1 {
+                &[DotKernel::Avx2]
+            } else {
+                &[
+                    DotKernel::Amx,
+                    DotKernel::Avx512Vnni,
+                    DotKernel::Avx2Vnni,
+                    DotKernel::Avx2,
+                    DotKernel::Avx2Rows,
+                ]
+            };
+            for &kernel in kernels.iter().filter(|k| k.is_supported()) {
+                let name = format!("tidal_{kernel:?}").to_lowercase();
+                group.bench_function(BenchmarkId::new(name, &shape), |b| {
+                    b.iter_custom(|iters| {
+                        in_pool(&pool, iters, || {
+                            matmul_with(kernel, ty, black_box(&x), &w, m, k, n, &mut out)
                         })
-                    });
-                }
-                // candle runs on its own thread pool, so it is called from the bench thread.
-                group.bench_function(BenchmarkId::new("candle", &shape), |b| {
-                    b.iter(|| theirs((m, k, n), black_box(&x), &mut out))
+                    })
                 });
             }
+            // candle runs on its own thread pool, so it is called from the bench thread.
+            group.bench_function(BenchmarkId::new("candle", &shape), |b| {
+                b.iter(|| theirs((m, k, n), black_box(&x), &mut out))
+            });
         }
     }
     group.finish();
@@ -125,12 +145,12 @@ fn decode_step(c: &mut Criterion) {
         (576, 1536),
         (1536, 576),
     ];
-    for ty in QuantType::ALL {
+    for ty in QuantType::BLOCK32 {
         let layers: Vec<Vec<Vec<u8>>> = (0..30)
             .map(|_| {
                 shapes
                     .iter()
-                    .map(|&(k, n)| random_blocks(&mut r, ty, n * k / QK))
+                    .map(|&(k, n)| random_blocks(&mut r, ty, n * k / ty.block_elems()))
                     .collect()
             })
             .collect();

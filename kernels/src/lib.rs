@@ -32,11 +32,13 @@ pub use kv_cache::{write_kv, KvBuffer, KvCache, KvCacheMut, KvDtype};
 pub use norm::{rms_norm, rms_norm_in_place};
 pub use quant::dot::DotKernel;
 pub use quant::format::QuantType;
+pub use quant::kformat::QK_K;
 pub use quant::matmul::{
     matmul, matmul_quantized, matmul_with, QuantizedActivations, AMX_MIN_ROWS, PANEL_MIN_ROWS,
 };
 pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
 pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};
+pub use quant::q5_0::{dequantize_q5_0, Q5_0_BLOCK_BYTES};
 pub use quant::q8_0::{dequantize_q8_0, Q8_0_BLOCK_BYTES};
 pub use rope::{Rope, RopeStyle};
 

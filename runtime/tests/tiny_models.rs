@@ -195,32 +195,61 @@ fn requantised_weights_are_owned_and_close() {
     assert_eq!(argmax(&a), argmax(&b));
 }
 
-/// Q5_0 and K-quant matrices have no kernel of ours: by default they become Q8_0 at load
-/// (close to the stored values), and `QuantizeTo::Stored` keeps them in place.
+/// Largest logit difference between two runs, and the scale of the second.
+fn logit_gap(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    (diff, scale)
+}
+
+/// Q5_1 has no kernel of ours: by default it becomes Q8_0 at load (close to the stored
+/// values), and `QuantizeTo::Stored` keeps it in place. Q5_0 and the K-quants run on our
+/// kernels as stored, close to the same weights dequantised to f32.
 #[test]
 fn slow_block_types_become_q8_0_unless_kept_as_stored() {
-    for (dtype, hidden) in [(GgmlDType::Q5_0, 64), (GgmlDType::Q6K, 256)] {
+    let (_dir, file) = tiny(&TinySpec {
+        dtype: GgmlDType::Q5_1,
+        hidden: 64,
+        ffn: 128,
+        ..TinySpec::default()
+    });
+    let fast = Model::load(&file, None).unwrap();
+    let stored = Model::load(&file, Some(QuantizeTo::Stored)).unwrap();
+    assert!(!fast.all_weights_mapped(), "Q5_1 was not re-quantised");
+    assert!(stored.all_weights_mapped(), "Q5_1 stored was copied");
+    assert!(fast.weight_bytes() > stored.weight_bytes());
+    let (diff, scale) = logit_gap(&short_prompt_logits(&fast), &short_prompt_logits(&stored));
+    assert!(
+        diff < 0.05 * scale,
+        "Q5_1: Q8_0 moved logits by {diff} of {scale}"
+    );
+
+    for (dtype, hidden) in [
+        (GgmlDType::Q5_0, 64),
+        (GgmlDType::Q2K, 256),
+        (GgmlDType::Q3K, 256),
+        (GgmlDType::Q4K, 256),
+        (GgmlDType::Q5K, 256),
+        (GgmlDType::Q6K, 256),
+    ] {
         let (_dir, file) = tiny(&TinySpec {
             dtype,
             hidden,
             ffn: 2 * hidden,
             ..TinySpec::default()
         });
-        let fast = Model::load(&file, None).unwrap();
-        let stored = Model::load(&file, Some(QuantizeTo::Stored)).unwrap();
-        assert!(!fast.all_weights_mapped(), "{dtype:?} was not re-quantised");
-        assert!(stored.all_weights_mapped(), "{dtype:?} stored was copied");
-        assert!(fast.weight_bytes() > stored.weight_bytes());
-        let (a, b) = (short_prompt_logits(&fast), short_prompt_logits(&stored));
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let diff = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let default = Model::load(&file, None).unwrap();
+        assert!(default.all_weights_mapped(), "{dtype:?} was re-quantised");
+        let exact = Model::load(&file, Some(QuantizeTo::F32)).unwrap();
+        assert!(exact.weight_bytes() > default.weight_bytes());
+        let (diff, scale) = logit_gap(&short_prompt_logits(&default), &short_prompt_logits(&exact));
         assert!(
             diff < 0.05 * scale,
-            "{dtype:?}: Q8_0 moved logits by {diff} of {scale}"
+            "{dtype:?}: our kernels are {diff} off the f32 weights' logits (scale {scale})"
         );
     }
     // A type our kernels run stays in place either way.

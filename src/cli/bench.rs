@@ -46,8 +46,10 @@ pub enum BenchCommand {
         /// Comma-separated concurrency levels.
         #[arg(long, default_value = "1,4,16,64", value_delimiter = ',')]
         levels: Vec<usize>,
+        /// Prompt length of each request, in tokens.
         #[arg(long, default_value_t = 128)]
         prompt_tokens: usize,
+        /// Tokens each request generates.
         #[arg(long, default_value_t = 128)]
         generate: usize,
     },
@@ -75,6 +77,7 @@ pub enum BenchCommand {
         /// Prompt tokens per request (the shipped trace's median is 1,469).
         #[arg(long, default_value_t = 1469)]
         prompt_tokens: usize,
+        /// Tokens each request generates.
         #[arg(long, default_value_t = 16)]
         generate: usize,
         /// When the second worker starts, milliseconds after the burst.
@@ -146,8 +149,10 @@ pub enum BenchCommand {
         /// Concurrent requests (all enqueued at once).
         #[arg(long, default_value_t = 16)]
         requests: usize,
+        /// Prompt length of each request, in tokens.
         #[arg(long, default_value_t = 128)]
         prompt_tokens: usize,
+        /// Tokens each request generates.
         #[arg(long, default_value_t = 64)]
         generate: usize,
         /// Also measure through Redis at this URL (a scratch key prefix, removed after).
@@ -177,8 +182,8 @@ pub struct PerplexityArgs {
     /// Tokens per forward call.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
-    /// Re-quantise the weights at load: q4_0, q4_1, q8_0, f16 or stored (default: as stored,
-    /// Q5_0/Q5_1/K-quant matrices as Q8_0).
+    /// Re-quantise the weights at load: q4_0, q4_1, q8_0, f16, f32 or stored
+    /// (default: as stored, Q5_1 matrices as Q8_0).
     #[arg(long)]
     pub quantize: Option<QuantizeTo>,
     /// Worker threads for the kernels (default: all cores).

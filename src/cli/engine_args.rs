@@ -16,9 +16,9 @@ pub struct EngineArgs {
     /// GGUF model file.
     #[arg(long, env = "TIDAL_MODEL")]
     pub model: PathBuf,
-    /// Re-quantise the weights at load: q4_0, q4_1, q8_0 or f16; `stored` keeps every
-    /// matrix as stored. Default: as stored, but Q5_0/Q5_1/K-quant matrices become Q8_0 (the
-    /// types the CPU kernels run fast).
+    /// Re-quantise the weights at load: q4_0, q4_1, q8_0, f16 or f32; `stored` keeps every
+    /// matrix as stored. Default: as stored, but Q5_1 matrices become Q8_0 (the CPU kernels run
+    /// every other type as stored).
     #[arg(long)]
     pub quantize: Option<QuantizeTo>,
     /// KV cache memory, e.g. 512MiB or 2GiB.

@@ -15,6 +15,10 @@ pub enum GpuWeightFormat {
     F16,
 }
 
+/// The block types the GPU's matmul kernels read in place; every other type is uploaded as
+/// f16 ([`GpuMatrix::from_f32`]).
+pub const GPU_BLOCK_TYPES: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+
 /// A weight matrix `[rows, cols]` on the GPU (`y = x · Wᵀ`).
 pub struct GpuMatrix {
     pub(crate) format: GpuWeightFormat,
@@ -32,6 +36,11 @@ impl GpuMatrix {
         rows: usize,
         cols: usize,
     ) -> Result<Self, CudaError> {
+        if !GPU_BLOCK_TYPES.contains(&format) {
+            return Err(CudaError::Shape(format!(
+                "{format:?} has no GPU block kernel (upload it as f16)"
+            )));
+        }
         let expected = if cols.is_multiple_of(32) {
             rows * format.row_bytes(cols)
         } else {

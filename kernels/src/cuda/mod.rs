@@ -18,7 +18,7 @@ mod ops;
 #[cfg(test)]
 mod tests;
 
-pub use buffers::{GpuKvBuffer, GpuMatrix, GpuWeightFormat};
+pub use buffers::{GpuKvBuffer, GpuMatrix, GpuWeightFormat, GPU_BLOCK_TYPES};
 pub use cudarc::driver::CudaSlice;
 pub use device::{compile_kernels, nvrtc_available, CudaError, Gpu};
 pub use ops::AttentionBatch;

@@ -449,6 +449,10 @@ impl Gpu {
             (GpuWeightFormat::Blocks(QuantType::Q4_1), true) => &fs.matmul_tiled_q4_1,
             (GpuWeightFormat::Blocks(QuantType::Q8_0), true) => &fs.matmul_tiled_q8_0,
             (GpuWeightFormat::F16, _) => &fs.matmul_f16,
+            // `GpuMatrix::from_blocks` accepts only the types above.
+            (GpuWeightFormat::Blocks(ty), _) => {
+                return Err(CudaError::Shape(format!("{ty:?} has no GPU block kernel")))
+            }
         };
         let weight_rows_per_block = match (w.format, tiled) {
             (GpuWeightFormat::Blocks(_), true) => MM_TILED_WEIGHT_ROWS,

@@ -342,7 +342,7 @@ fn reference_matmul(w: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f
 fn quantised_matmul_matches_dequantised_reference() {
     let gpu = require_gpu!();
     let mut r = rng(6);
-    for ty in QuantType::ALL {
+    for ty in crate::cuda::GPU_BLOCK_TYPES {
         // m below and from TILED_MIN_ROWS: both kernels; k not a multiple of the tile width too.
         for (m, n, k) in [
             (1, 1, 32),

@@ -145,7 +145,7 @@ pub(crate) fn dot_portable<F: Format>(w: &[u8], x: &[BlockQ8_1]) -> f32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::quant::format::{QuantType, Q4_0, Q4_1, Q8_0};
+    use crate::quant::format::{QuantType, Q4_0, Q4_1, Q5_0, Q8_0};
     use crate::quant::q4_1::QK;
     use crate::quant::q8_1::quantize_q8_1;
     use crate::test_util::{random_vec, rng};
@@ -155,18 +155,47 @@ pub(crate) mod tests {
     /// `n_blocks` random blocks of `ty`: every q value occurs, scales like real weights.
     pub(crate) fn random_blocks(r: &mut StdRng, ty: QuantType, n_blocks: usize) -> Vec<u8> {
         let mut w = Vec::with_capacity(n_blocks * ty.block_bytes());
+        let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
         for _ in 0..n_blocks {
             let d: f32 = r.random_range(0.001..0.05);
-            w.extend_from_slice(&half::f16::from_f32(d).to_le_bytes());
+            let start = w.len();
             match ty {
-                QuantType::Q4_0 => w.extend((0..16).map(|_| r.random::<u8>())),
+                QuantType::Q4_0 => {
+                    w.extend_from_slice(&f16(d));
+                    w.extend((0..16).map(|_| r.random::<u8>()));
+                }
                 QuantType::Q4_1 => {
                     let m: f32 = -d * r.random_range(0.0..15.0);
-                    w.extend_from_slice(&half::f16::from_f32(m).to_le_bytes());
+                    w.extend_from_slice(&f16(d));
+                    w.extend_from_slice(&f16(m));
                     w.extend((0..16).map(|_| r.random::<u8>()));
                 }
                 // Every byte, -128 included (ggml's quantiser never writes it; a file may).
-                QuantType::Q8_0 => w.extend((0..32).map(|_| r.random::<u8>())),
+                QuantType::Q8_0 => {
+                    w.extend_from_slice(&f16(d));
+                    w.extend((0..32).map(|_| r.random::<u8>()));
+                }
+                // Random bits for every quant, scale and high-bit byte; then sane f16 scales
+                // where the format keeps them (d, and dmin as a fraction of it).
+                _ => {
+                    w.extend((0..ty.block_bytes()).map(|_| r.random::<u8>()));
+                    let b = &mut w[start..];
+                    let dmin: f32 = d * r.random_range(0.0..1.0);
+                    let (d_at, dmin_at) = match ty {
+                        QuantType::Q5_0 => (0, None),
+                        QuantType::Q4_K | QuantType::Q5_K => (0, Some(2)),
+                        QuantType::Q6_K => (208, None),
+                        QuantType::Q3_K => (108, None),
+                        QuantType::Q2_K => (80, Some(82)),
+                        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => unreachable!(),
+                    };
+                    // The K-quants' scales multiply d by up to 63 (127 for Q6_K).
+                    let d = if ty.is_k_quant() { d / 16.0 } else { d };
+                    b[d_at..d_at + 2].copy_from_slice(&f16(d));
+                    if let Some(at) = dmin_at {
+                        b[at..at + 2].copy_from_slice(&f16(dmin / 16.0));
+                    }
+                }
             }
         }
         w
@@ -201,14 +230,16 @@ pub(crate) mod tests {
         match ty {
             QuantType::Q4_0 => dot_portable::<Q4_0>(w, x),
             QuantType::Q4_1 => dot_portable::<Q4_1>(w, x),
+            QuantType::Q5_0 => dot_portable::<Q5_0>(w, x),
             QuantType::Q8_0 => dot_portable::<Q8_0>(w, x),
+            _ => panic!("{ty:?} is not multiplied against Q8_1"),
         }
     }
 
     #[test]
     fn portable_dot_matches_the_dequantised_dot() {
         let mut r = rng(60);
-        for ty in QuantType::ALL {
+        for ty in QuantType::BLOCK32 {
             for nb in [1, 2, 3, 18, 48] {
                 let w = random_blocks(&mut r, ty, nb);
                 let x = random_vec(&mut r, nb * QK, 3.0);

@@ -1,15 +1,17 @@
-//! The three weight block formats our matmul runs, as one trait so every kernel is written
-//! once and compiled per format. Each block of 32 weights is `d · q + m` with integer `q`:
+//! The 32-weight block formats our matmul runs, as one trait so every kernel is written
+//! once and compiled per format (the K-quants, in 256-weight super-blocks, are
+//! [`super::kformat`]). Each block of 32 weights is `d · q + m` with integer `q`:
 //!
 //! | format | bytes | q | m |
 //! | --- | --- | --- | --- |
 //! | Q4_0 | f16 d, 16 nibble bytes | 0..=15 | −8·d |
 //! | Q4_1 | f16 d, f16 m, 16 nibble bytes | 0..=15 | m |
+//! | Q5_0 | f16 d, u32 high bits, 16 nibble bytes | 0..=31 | −16·d |
 //! | Q8_0 | f16 d, 32 signed bytes | −128..=127 | 0 |
 //!
 //! So against Q8_1 activations (`x ≈ d8 · q8`, `s8 = d8 · Σ q8`) a block's dot product is
-//! `d · d8 · Σ q·q8 + m · s8` for all three, as in ggml's `vec_dot_q4_0_q8_0`,
-//! `vec_dot_q4_1_q8_1` and `vec_dot_q8_0_q8_0`.
+//! `d · d8 · Σ q·q8 + m · s8` for all of them, as in ggml's `vec_dot_q4_0_q8_0`,
+//! `vec_dot_q4_1_q8_1`, `vec_dot_q5_0_q8_0` and `vec_dot_q8_0_q8_0`.
 //!
 //! Every kernel (portable, AVX2 rows, AVX2 panels) computes an output the same way, so results
 //! do not depend on the batch a row is in (the runtime's batch invariance): the block sum
@@ -18,7 +20,9 @@
 //! an offset; the result is `(acc[0] + acc[1]) + (acc[2] + acc[3])`. Four chains keep a
 //! single row's FMA latency from bounding decode (one lane per chain in the row kernel).
 
+use super::kformat::{dequantize_k, KFormat, QK_K};
 use super::q4_1::{f16_at, QK};
+use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 
 /// Accumulation chains per output (see the module docs).
 pub(crate) const CHAINS: usize = 4;
@@ -28,48 +32,110 @@ pub(crate) const CHAINS: usize = 4;
 /// docs/benchmarks.md needed to keep decode's loads from waiting on memory.
 pub(crate) const WEIGHTS_AHEAD: usize = 1024;
 
-/// Which of the formats: the public name of a `Format`.
+/// A weight block type our kernels run: the four 32-weight formats of this module (a
+/// `Format`) and the K-quants of [`super::kformat`] (super-blocks of 256 weights).
+/// (Variants are named as ggml names the types.)
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantType {
     Q4_0,
     Q4_1,
+    Q5_0,
     Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q3_K,
+    Q2_K,
 }
 
 impl QuantType {
-    /// Every format.
-    pub const ALL: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    /// Every type.
+    pub const ALL: [QuantType; 9] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+        QuantType::Q3_K,
+        QuantType::Q2_K,
+    ];
 
-    /// Bytes of one block of 32 weights.
+    /// The types of 32-weight blocks, multiplied against Q8_1 activations.
+    pub const BLOCK32: [QuantType; 4] = [
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q8_0,
+    ];
+
+    /// The K-quants: super-blocks of 256 weights, multiplied against Q8_K activations.
+    pub const K_QUANTS: [QuantType; 5] = [
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+        QuantType::Q3_K,
+        QuantType::Q2_K,
+    ];
+
+    /// Whether this is a K-quant (256-weight super-blocks, Q8_K activations).
+    pub fn is_k_quant(self) -> bool {
+        self.block_elems() == QK_K
+    }
+
+    /// Weights per block: 32, or 256 for the K-quants.
+    pub fn block_elems(self) -> usize {
+        match self {
+            QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q5_0 | QuantType::Q8_0 => QK,
+            _ => QK_K,
+        }
+    }
+
+    /// Bytes of one block.
     pub fn block_bytes(self) -> usize {
         match self {
             QuantType::Q4_0 => Q4_0::BLOCK_BYTES,
             QuantType::Q4_1 => Q4_1::BLOCK_BYTES,
+            QuantType::Q5_0 => Q5_0::BLOCK_BYTES,
             QuantType::Q8_0 => Q8_0::BLOCK_BYTES,
+            QuantType::Q4_K => Q4K::BLOCK_BYTES,
+            QuantType::Q5_K => Q5K::BLOCK_BYTES,
+            QuantType::Q6_K => Q6K::BLOCK_BYTES,
+            QuantType::Q3_K => Q3K::BLOCK_BYTES,
+            QuantType::Q2_K => Q2K::BLOCK_BYTES,
         }
     }
 
     /// Bytes of a row of `k` weights.
     ///
     /// # Panics
-    /// If `k` is not a multiple of 32.
+    /// If `k` is not a multiple of [`QuantType::block_elems`].
     pub fn row_bytes(self, k: usize) -> usize {
+        let qk = self.block_elems();
         assert!(
-            k.is_multiple_of(QK),
-            "{self:?} rows hold whole blocks of {QK} values, not {k}"
+            k.is_multiple_of(qk),
+            "{self:?} rows hold whole blocks of {qk} values, not {k}"
         );
-        k / QK * self.block_bytes()
+        k / qk * self.block_bytes()
     }
 
-    /// Dequantises whole blocks `w` into `out` (32 values per block).
+    /// Dequantises whole blocks `w` into `out` ([`QuantType::block_elems`] values per block).
     ///
     /// # Panics
-    /// If `w` is not whole blocks or `out` does not hold 32 values per block.
+    /// If `w` is not whole blocks or `out` does not hold that many values per block.
     pub fn dequantize(self, w: &[u8], out: &mut [f32]) {
         match self {
             QuantType::Q4_0 => super::q4_0::dequantize_q4_0(w, out),
             QuantType::Q4_1 => super::q4_1::dequantize_q4_1(w, out),
+            QuantType::Q5_0 => super::q5_0::dequantize_q5_0(w, out),
             QuantType::Q8_0 => super::q8_0::dequantize_q8_0(w, out),
+            QuantType::Q4_K => dequantize_k::<Q4K>(w, out),
+            QuantType::Q5_K => dequantize_k::<Q5K>(w, out),
+            QuantType::Q6_K => dequantize_k::<Q6K>(w, out),
+            QuantType::Q3_K => dequantize_k::<Q3K>(w, out),
+            QuantType::Q2_K => dequantize_k::<Q2K>(w, out),
         }
     }
 }
@@ -158,6 +224,10 @@ pub(crate) struct Q4_0;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Q4_1;
 
+/// ggml `block_q5_0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q5_0;
+
 /// ggml `block_q8_0`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Q8_0;
@@ -233,6 +303,67 @@ impl Format for Q4_1 {
     }
 }
 
+impl Format for Q5_0 {
+    const BLOCK_BYTES: usize = 22;
+    const SIGNED: bool = false;
+    const HAS_OFFSET: bool = true;
+    const M_AT: Option<usize> = None;
+    const M_PER_D: f32 = -16.0;
+
+    #[inline(always)]
+    fn scales(wb: &[u8]) -> (f32, f32) {
+        let d = f16_at(wb, 0);
+        (d, d * Self::M_PER_D)
+    }
+
+    #[inline(always)]
+    fn isum(wb: &[u8], q8: &[i8; QK]) -> i32 {
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let high: i32 = (0..QK)
+            .filter(|&i| qh >> i & 1 == 1)
+            .map(|i| 16 * q8[i] as i32)
+            .sum();
+        nibble_isum(&wb[6..22], q8) + high
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scales_f16c(wb: *const u8) -> (f32, f32) {
+        // SAFETY: by the caller's contract.
+        let d = unsafe { f16_f16c(wb) };
+        (d, d * Self::M_PER_D)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn unpack(wb: *const u8) -> std::arch::x86_64::__m256i {
+        use std::arch::x86_64::*;
+        // SAFETY: the high bits are bytes 2..6 of the block, the nibbles bytes 6..22.
+        unsafe {
+            let qh = (wb.add(2) as *const u32).read_unaligned();
+            // Bit i of qh to byte i (ggml's `bytes_from_bits_32`): each byte gets the qh byte
+            // holding its bit, then every other bit is set; a byte is all ones iff its bit was.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(qh as i32),
+                _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                ),
+            );
+            let set = _mm256_cmpeq_epi8(
+                _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                _mm256_set1_epi64x(-1),
+            );
+            _mm256_or_si256(
+                unpack_nibbles(wb.add(6)),
+                _mm256_and_si256(set, _mm256_set1_epi8(0x10)),
+            )
+        }
+    }
+}
+
 impl Format for Q8_0 {
     const BLOCK_BYTES: usize = 34;
     const SIGNED: bool = true;
@@ -278,13 +409,30 @@ mod tests {
     fn block_sizes_match_ggml() {
         assert_eq!(QuantType::Q4_0.block_bytes(), 18);
         assert_eq!(QuantType::Q4_1.block_bytes(), 20);
+        assert_eq!(QuantType::Q5_0.block_bytes(), 22);
         assert_eq!(QuantType::Q8_0.block_bytes(), 34);
         assert_eq!(QuantType::Q8_0.row_bytes(64), 68);
+        assert_eq!(QuantType::Q2_K.block_bytes(), 84);
+        assert_eq!(QuantType::Q3_K.block_bytes(), 110);
+        assert_eq!(QuantType::Q4_K.block_bytes(), 144);
+        assert_eq!(QuantType::Q5_K.block_bytes(), 176);
+        assert_eq!(QuantType::Q6_K.block_bytes(), 210);
+        assert_eq!(QuantType::Q6_K.row_bytes(512), 420);
+        for ty in QuantType::ALL {
+            assert_eq!(ty.is_k_quant(), QuantType::K_QUANTS.contains(&ty));
+            assert_eq!(!ty.is_k_quant(), QuantType::BLOCK32.contains(&ty));
+        }
     }
 
     #[test]
     #[should_panic(expected = "whole blocks")]
     fn rejects_partial_rows() {
         QuantType::Q4_0.row_bytes(33);
+    }
+
+    #[test]
+    #[should_panic(expected = "whole blocks")]
+    fn rejects_partial_super_blocks() {
+        QuantType::Q4_K.row_bytes(96);
     }
 }

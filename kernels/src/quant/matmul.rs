@@ -21,11 +21,14 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::dot::{dot_portable, DotKernel};
-use super::format::{Format, QuantType, Q4_0, Q4_1, Q8_0};
+use super::format::{Format, QuantType, Q4_0, Q4_1, Q5_0, Q8_0};
+use super::kformat::{dot_portable_k, KFormat, QK_K};
 use super::panel::{build_panels, PanelBlock};
 use super::panel16::{build_panels16, Panel16Block};
 use super::q4_1::QK;
 use super::q8_1::{quantize_q8_1, BlockQ8_1};
+use super::q8_k::{quantize_q8_k, BlockQ8K};
+use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 
 /// Smallest batch that takes the panel GEMM on AVX2: below it, a panel's eight lanes would be
 /// mostly empty and the row dot products (four rows per weight unpack) do as well.
@@ -47,20 +50,30 @@ const M_TILE: usize = 64;
 /// Block products (m · n · k/32) below which the matmul stays on the calling thread.
 const PAR_MIN_BLOCKS: usize = 2048;
 
-/// `m` activation rows of `k` values quantised to Q8_1 (and, when a batched matmul asks for
-/// them, interleaved into panels), for one or more matmuls with the same input.
+/// `m` activation rows of `k` values, quantised on first use to Q8_1 (for the 32-weight
+/// formats; and, when a batched matmul asks for them, interleaved into panels) and to Q8_K
+/// (for the K-quants), for one or more matmuls with the same input.
 #[derive(Debug)]
 pub struct QuantizedActivations {
     m: usize,
     k: usize,
+    /// The rows as given (each quantisation is made from them when first asked for).
+    x: Vec<f32>,
+    q8_1: OnceLock<Q8_1Rows>,
+    q8_k: OnceLock<Vec<BlockQ8K>>,
+    panels: OnceLock<Vec<PanelBlock>>,
+    /// The same as 16-row panels, for the AVX-512 GEMM.
+    panels16: OnceLock<Vec<Panel16Block>>,
+}
+
+/// Every row's Q8_1 blocks.
+#[derive(Debug)]
+struct Q8_1Rows {
     blocks: Vec<BlockQ8_1>,
     /// Every block's `d`, then every block's `s`, contiguous (the row kernel loads four at
     /// once).
     d: Vec<f32>,
     s: Vec<f32>,
-    panels: OnceLock<Vec<PanelBlock>>,
-    /// The same as 16-row panels, for the AVX-512 GEMM.
-    panels16: OnceLock<Vec<Panel16Block>>,
 }
 
 /// One activation row as the kernels read it.
@@ -72,7 +85,7 @@ pub(super) struct XRow<'a> {
 }
 
 impl QuantizedActivations {
-    /// Quantises `x` (`m` rows of `k` values).
+    /// `x` (`m` rows of `k` values), to be quantised when a matmul first needs it.
     ///
     /// # Panics
     /// If `k` is not a multiple of 32 or `x` is not `m * k` values.
@@ -82,23 +95,12 @@ impl QuantizedActivations {
             "quantised matmul: k = {k} is not a multiple of {QK}"
         );
         assert_eq!(x.len(), m * k, "quantised matmul: x is not [m, k]");
-        let nb = k / QK;
-        let mut blocks = vec![BlockQ8_1::default(); m * nb];
-        if nb > 0 {
-            if m * k >= crate::PAR_MIN_ELEMS {
-                x.par_chunks(k)
-                    .zip(blocks.par_chunks_mut(nb))
-                    .for_each(|(xr, qr)| quantize_q8_1(xr, qr));
-            } else {
-                quantize_q8_1(x, &mut blocks);
-            }
-        }
         Self {
             m,
             k,
-            d: blocks.iter().map(|b| b.d).collect(),
-            s: blocks.iter().map(|b| b.s).collect(),
-            blocks,
+            x: x.to_vec(),
+            q8_1: OnceLock::new(),
+            q8_k: OnceLock::new(),
             panels: OnceLock::new(),
             panels16: OnceLock::new(),
         }
@@ -114,23 +116,74 @@ impl QuantizedActivations {
         self.k
     }
 
+    fn q8_1(&self) -> &Q8_1Rows {
+        self.q8_1.get_or_init(|| {
+            let (m, k) = (self.m, self.k);
+            let nb = k / QK;
+            let mut blocks = vec![BlockQ8_1::default(); m * nb];
+            if nb > 0 {
+                if m * k >= crate::PAR_MIN_ELEMS {
+                    self.x
+                        .par_chunks(k)
+                        .zip(blocks.par_chunks_mut(nb))
+                        .for_each(|(xr, qr)| quantize_q8_1(xr, qr));
+                } else {
+                    quantize_q8_1(&self.x, &mut blocks);
+                }
+            }
+            Q8_1Rows {
+                d: blocks.iter().map(|b| b.d).collect(),
+                s: blocks.iter().map(|b| b.s).collect(),
+                blocks,
+            }
+        })
+    }
+
+    /// Every row's Q8_K blocks (`k / 256` per row).
+    ///
+    /// # Panics
+    /// If `k` is not a multiple of 256.
+    pub(super) fn q8_k(&self) -> &[BlockQ8K] {
+        self.q8_k.get_or_init(|| {
+            let (m, k) = (self.m, self.k);
+            assert!(
+                k.is_multiple_of(QK_K),
+                "quantised matmul: k = {k} is not a multiple of {QK_K}"
+            );
+            let nb = k / QK_K;
+            let mut blocks = vec![BlockQ8K::default(); m * nb];
+            if nb > 0 {
+                if m * k >= crate::PAR_MIN_ELEMS {
+                    self.x
+                        .par_chunks(k)
+                        .zip(blocks.par_chunks_mut(nb))
+                        .for_each(|(xr, qr)| quantize_q8_k(xr, qr));
+                } else {
+                    quantize_q8_k(&self.x, &mut blocks);
+                }
+            }
+            blocks
+        })
+    }
+
     fn row(&self, i: usize) -> XRow<'_> {
+        let q = self.q8_1();
         let r = i * (self.k / QK)..(i + 1) * (self.k / QK);
         XRow {
-            blocks: &self.blocks[r.clone()],
-            d: &self.d[r.clone()],
-            s: &self.s[r],
+            blocks: &q.blocks[r.clone()],
+            d: &q.d[r.clone()],
+            s: &q.s[r],
         }
     }
 
     fn panels(&self) -> &[PanelBlock] {
         self.panels
-            .get_or_init(|| build_panels(&self.blocks, self.m, self.k / QK))
+            .get_or_init(|| build_panels(&self.q8_1().blocks, self.m, self.k / QK))
     }
 
     fn panels16(&self) -> &[Panel16Block] {
         self.panels16
-            .get_or_init(|| build_panels16(&self.blocks, self.m, self.k / QK))
+            .get_or_init(|| build_panels16(&self.q8_1().blocks, self.m, self.k / QK))
     }
 }
 
@@ -197,18 +250,25 @@ pub fn matmul_quantized(
     match ty {
         QuantType::Q4_0 => run::<Q4_0>(kernel, ty, xq, w, n, out),
         QuantType::Q4_1 => run::<Q4_1>(kernel, ty, xq, w, n, out),
+        QuantType::Q5_0 => run::<Q5_0>(kernel, ty, xq, w, n, out),
         QuantType::Q8_0 => run::<Q8_0>(kernel, ty, xq, w, n, out),
+        QuantType::Q4_K => run_k::<Q4K>(kernel, ty, xq, w, n, out),
+        QuantType::Q5_K => run_k::<Q5K>(kernel, ty, xq, w, n, out),
+        QuantType::Q6_K => run_k::<Q6K>(kernel, ty, xq, w, n, out),
+        QuantType::Q3_K => run_k::<Q3K>(kernel, ty, xq, w, n, out),
+        QuantType::Q2_K => run_k::<Q2K>(kernel, ty, xq, w, n, out),
     }
 }
 
-fn run<F: Format>(
+/// Checks a matmul call's shapes; returns the bytes of one weight row.
+fn check_shapes(
     kernel: DotKernel,
     ty: QuantType,
     xq: &QuantizedActivations,
     w: &[u8],
     n: usize,
-    out: &mut [f32],
-) {
+    out: &[f32],
+) -> usize {
     let (m, k) = (xq.m, xq.k);
     let row_bytes = ty.row_bytes(k);
     assert_eq!(
@@ -221,6 +281,91 @@ fn run<F: Format>(
         kernel.is_supported(),
         "quantised matmul: {kernel:?} is not supported on this CPU"
     );
+    row_bytes
+}
+
+/// Weight rows per rayon task: one task below [`PAR_MIN_BLOCKS`] products of 32 weights,
+/// else several per thread so an unlucky (preempted) thread does not hold up the call, in
+/// whole groups of 16 weight rows (the AMX tile product's rows).
+fn rows_per_task(m: usize, n: usize, blocks32: usize) -> usize {
+    if m * n * blocks32 < PAR_MIN_BLOCKS {
+        n
+    } else {
+        n.div_ceil(rayon::current_num_threads() * 4)
+            .next_multiple_of(16)
+    }
+}
+
+/// Runs `task(c)` for every task `c` of `n` weight rows in runs of `rows_per_task`.
+fn for_each_task(n: usize, rows_per_task: usize, task: impl Fn(usize) + Sync + Send) {
+    let tasks = n.div_ceil(rows_per_task);
+    if tasks == 1 {
+        task(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+}
+
+/// The K-quant matmul: every weight row against the Q8_K activations ([`super::kformat`]).
+fn run_k<K: KFormat>(
+    kernel: DotKernel,
+    ty: QuantType,
+    xq: &QuantizedActivations,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let row_bytes = check_shapes(kernel, ty, xq, w, n, out);
+    let (m, k) = (xq.m, xq.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let nb = k / QK_K;
+    if nb == 0 {
+        out.fill(0.0);
+        return;
+    }
+    let x = xq.q8_k();
+    let rows: Vec<&[BlockQ8K]> = x.chunks_exact(nb).collect();
+    let rows_per_task = rows_per_task(m, n, k / QK);
+    let simd = kernel != DotKernel::Portable;
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let task = |c: usize| {
+        let j0 = c * rows_per_task;
+        let cols = rows_per_task.min(n - j0);
+        let wr = &w[j0 * row_bytes..(j0 + cols) * row_bytes];
+        // SAFETY: tasks own disjoint column ranges of `out`, which is exclusively borrowed
+        // for this call and holds m * n values.
+        let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, cols) };
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: every SIMD kernel implies AVX2, FMA and F16C (support asserted above);
+            // shapes follow from the asserts above.
+            unsafe { super::kdot_avx2::rows::<K>(wr, cols, nb, &rows, &mut o) };
+            return;
+        }
+        let _ = simd;
+        for i0 in (0..m).step_by(M_TILE) {
+            for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
+                for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
+                    o.set(i, jj, dot_portable_k::<K>(wj, x));
+                }
+            }
+        }
+    };
+    for_each_task(n, rows_per_task, task);
+}
+
+fn run<F: Format>(
+    kernel: DotKernel,
+    ty: QuantType,
+    xq: &QuantizedActivations,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+) {
+    let row_bytes = check_shapes(kernel, ty, xq, w, n, out);
+    let (m, k) = (xq.m, xq.k);
     if m == 0 || n == 0 {
         return;
     }
@@ -229,15 +374,7 @@ fn run<F: Format>(
         out.fill(0.0);
         return;
     }
-    let threads = rayon::current_num_threads();
-    // Several chunks per thread so an unlucky (preempted) thread does not hold up the call;
-    // below PAR_MIN_BLOCKS block products a thread wake-up costs more than it saves.
-    // Whole groups of 16 weight rows per task (the AMX tile product's rows).
-    let rows_per_task = if m * n * nb < PAR_MIN_BLOCKS {
-        n
-    } else {
-        n.div_ceil(threads * 4).next_multiple_of(16)
-    };
+    let rows_per_task = rows_per_task(m, n, nb);
     let rows: Vec<XRow<'_>> = (0..m).map(|i| xq.row(i)).collect();
     let simd = kernel != DotKernel::Portable;
     let vnni = kernel.rows_use_vnni();
@@ -287,12 +424,7 @@ fn run<F: Format>(
             }
         }
     };
-    let tasks = n.div_ceil(rows_per_task);
-    if tasks == 1 {
-        task(0);
-    } else {
-        (0..tasks).into_par_iter().for_each(task);
-    }
+    for_each_task(n, rows_per_task, task);
 }
 
 /// `out`'s base pointer, shared by the tasks of one matmul (each writes its own columns).
@@ -363,7 +495,7 @@ impl OutCols {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::quant::dot::tests::{dequantised_dot, kernels, random_blocks};
     use crate::test_util::{random_vec, rng};
@@ -377,7 +509,7 @@ mod tests {
     fn case(seed: u64, ty: QuantType, m: usize, k: usize, n: usize) -> Case {
         let mut r = rng(seed);
         let x = random_vec(&mut r, m * k, 2.0);
-        let w = random_blocks(&mut r, ty, n * k / QK);
+        let w = random_blocks(&mut r, ty, n * k / ty.block_elems());
         Case { x, w }
     }
 
@@ -421,9 +553,36 @@ mod tests {
         s
     }
 
+    /// Shapes for the K-quants (k in whole super-blocks): one to nine super-blocks (tails of
+    /// the four chains), both sides of the row kernel's four-row groups and 64-row tiles,
+    /// tasks split across threads, and the Gemma 3 270M matrices'.
+    pub(crate) fn k_shapes() -> Vec<(usize, usize, usize)> {
+        let mut r = rng(71);
+        let mut s = vec![
+            (1, 256, 1),
+            (1, 1024, 640),
+            (1, 2048, 640),
+            (2, 512, 7),
+            (3, 768, 5),
+            (5, 1280, 9),
+            (16, 2048, 33),
+            (17, 256, 40),
+            (65, 512, 19),
+            (130, 256, 33),
+        ];
+        for _ in 0..8 {
+            s.push((
+                r.random_range(1..40),
+                QK_K * r.random_range(1..10),
+                r.random_range(1..90),
+            ));
+        }
+        s
+    }
+
     #[test]
     fn matches_exact_q8_1_reference_for_every_kernel_and_format() {
-        for ty in QuantType::ALL {
+        for ty in QuantType::BLOCK32 {
             for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
                 let c = case(seed as u64, ty, m, k, n);
                 let nb = k / QK;
@@ -457,7 +616,7 @@ mod tests {
     /// half a step per activation, so |err| ≤ Σ_blocks d8/2 · Σ|w| (plus float slack).
     #[test]
     fn matches_f32_reference_within_the_q8_1_rounding_bound() {
-        for ty in QuantType::ALL {
+        for ty in QuantType::BLOCK32 {
             for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
                 let c = case(100 + seed as u64, ty, m, k, n);
                 let mut wf = vec![0.0; n * k];
@@ -493,7 +652,9 @@ mod tests {
     /// number of blocks, so only k multiple of 64 is compared.
     #[test]
     fn agrees_with_candle() {
-        use candle_core::quantized::k_quants::{self, BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType};
+        use candle_core::quantized::k_quants::{
+            self, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ8_0, GgmlType,
+        };
         fn theirs<T: GgmlType>(m: usize, k: usize, n: usize, x: &[f32], w: &[u8]) -> Vec<f32> {
             assert_eq!(std::mem::size_of::<T>() * (n * k / QK), w.len());
             let mut blocks = vec![T::zeros(); n * k / QK];
@@ -511,13 +672,15 @@ mod tests {
             .filter(|s| s.1 % 64 == 0)
             .collect::<Vec<_>>();
         assert!(even.len() >= 5);
-        for ty in QuantType::ALL {
+        for ty in QuantType::BLOCK32 {
             for (seed, &(m, k, n)) in even.iter().enumerate() {
                 let c = case(200 + seed as u64, ty, m, k, n);
                 let cand = match ty {
                     QuantType::Q4_0 => theirs::<BlockQ4_0>(m, k, n, &c.x, &c.w),
                     QuantType::Q4_1 => theirs::<BlockQ4_1>(m, k, n, &c.x, &c.w),
+                    QuantType::Q5_0 => theirs::<BlockQ5_0>(m, k, n, &c.x, &c.w),
                     QuantType::Q8_0 => theirs::<BlockQ8_0>(m, k, n, &c.x, &c.w),
+                    _ => unreachable!("{ty:?} is a K-quant"),
                 };
                 let mut ours = vec![0.0; m * n];
                 matmul(ty, &c.x, &c.w, m, k, n, &mut ours);
@@ -537,7 +700,12 @@ mod tests {
     #[test]
     fn results_are_identical_across_kernels_and_batches() {
         for ty in QuantType::ALL {
-            for (seed, (m, k, n)) in shapes().into_iter().enumerate() {
+            let shapes = if ty.is_k_quant() {
+                k_shapes()
+            } else {
+                shapes()
+            };
+            for (seed, (m, k, n)) in shapes.into_iter().enumerate() {
                 let c = case(400 + seed as u64, ty, m, k, n);
                 let mut reference = vec![0.0; m * n];
                 matmul_with(DotKernel::Portable, ty, &c.x, &c.w, m, k, n, &mut reference);

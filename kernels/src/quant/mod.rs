@@ -1,6 +1,8 @@
-//! GGUF quantised weights: the ggml Q4_0, Q4_1 and Q8_0 block formats, Q8_1 activations,
-//! and the quantised matmul (one weight row at a time for decode and small batches, an
-//! interleaved-panel GEMM for larger batches, on AMX tiles where the CPU has them; the same arithmetic per output in every path).
+//! GGUF quantised weights: the ggml Q4_0, Q4_1, Q5_0 and Q8_0 block formats against Q8_1
+//! activations, the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against Q8_K activations, and
+//! the quantised matmul (one weight row at a time for decode and small batches, an
+//! interleaved-panel GEMM for larger batches of the 32-weight formats, on AMX tiles where the
+//! CPU has them; the same arithmetic per output in every path).
 
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
@@ -12,10 +14,22 @@ mod gemm_amx;
 mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
+#[cfg(target_arch = "x86_64")]
+mod kdot_avx2;
+pub mod kformat;
 pub mod matmul;
 mod panel;
 mod panel16;
+mod q2_k;
+mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
+mod q4_k;
+pub mod q5_0;
+mod q5_k;
+mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
+pub mod q8_k;
+#[cfg(test)]
+mod tests_k;

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use tidal_kernels::cuda::{AttentionBatch, CudaError, CudaSlice, Gpu, GpuKvBuffer, GpuMatrix};
+use tidal_kernels::cuda::{
+    AttentionBatch, CudaError, CudaSlice, Gpu, GpuKvBuffer, GpuMatrix, GPU_BLOCK_TYPES,
+};
 use tidal_kernels::{KvDtype, RopeStyle};
 
 use super::batch::{embed, BatchLayout};
@@ -84,8 +86,8 @@ pub struct CudaModel {
 }
 
 fn upload_matrix(gpu: &Gpu, w: &Weight) -> Result<GpuMatrix, ModelError> {
-    // The GPU has block kernels for the same types as the CPU's own kernels.
-    let matrix = match own_kernel_type(w.dtype()) {
+    // The GPU has block kernels for some of the CPU's own types (not Q5_0 or the K-quants).
+    let matrix = match own_kernel_type(w.dtype()).filter(|t| GPU_BLOCK_TYPES.contains(t)) {
         Some(ty) => GpuMatrix::from_blocks(gpu, ty, w.bytes(), w.rows(), w.cols()),
         // Types without a block kernel: dequantised once, kept as f16.
         None => GpuMatrix::from_f32(gpu, &w.to_f32(), w.rows(), w.cols()),

@@ -80,13 +80,20 @@ pub(crate) fn own_kernel_type(dtype: GgmlDType) -> Option<QuantType> {
     match dtype {
         GgmlDType::Q4_0 => Some(QuantType::Q4_0),
         GgmlDType::Q4_1 => Some(QuantType::Q4_1),
+        GgmlDType::Q5_0 => Some(QuantType::Q5_0),
         GgmlDType::Q8_0 => Some(QuantType::Q8_0),
+        GgmlDType::Q2K => Some(QuantType::Q2_K),
+        GgmlDType::Q3K => Some(QuantType::Q3_K),
+        GgmlDType::Q4K => Some(QuantType::Q4_K),
+        GgmlDType::Q5K => Some(QuantType::Q5_K),
+        GgmlDType::Q6K => Some(QuantType::Q6_K),
         _ => None,
     }
 }
 
-/// The input of one or more matmuls: `m` rows of f32, quantised to Q8_1 on first use and
-/// then shared (the Q, K and V projections read the same normed rows, as do gate and up).
+/// The input of one or more matmuls: `m` rows of f32, quantised (to Q8_1, and to Q8_K for
+/// K-quant matrices) on first use and then shared (the Q, K and V projections read the same
+/// normed rows, as do gate and up).
 pub struct Activations<'a> {
     x: &'a [f32],
     m: usize,
@@ -107,14 +114,17 @@ impl<'a> Activations<'a> {
 }
 
 /// Target type of `--quantize`: weights re-quantised once at load time. Without one, the
-/// loader keeps every matrix our kernels run and re-quantises the other quantised types
-/// (Q5_0, Q5_1, the K-quants) to Q8_0 ([`needs_fast_type`]).
+/// loader keeps every matrix our kernels run (Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants) as
+/// stored and re-quantises the other quantised types (Q5_1) to Q8_0 ([`needs_fast_type`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantizeTo {
     Q4_0,
     Q4_1,
     Q8_0,
     F16,
+    /// Every matrix dequantised to f32 (candle's matmul, slow: the exact reference of a
+    /// file's weights, e.g. for perplexity).
+    F32,
     /// Every matrix in its stored block type, however slow its matmul.
     Stored,
 }
@@ -127,16 +137,16 @@ impl QuantizeTo {
             Self::Q4_1 => Some(GgmlDType::Q4_1),
             Self::Q8_0 => Some(GgmlDType::Q8_0),
             Self::F16 => Some(GgmlDType::F16),
+            Self::F32 => Some(GgmlDType::F32),
             Self::Stored => None,
         }
     }
 }
 
 /// Whether a matrix stored as `dtype` is re-quantised to Q8_0 when no `--quantize` is
-/// given: a quantised type our kernels do not run. Those go through candle's matmul, one
-/// thread and row by row: on Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K matrices) prefill ran at
-/// 31 tokens/s as stored against 854 after Q8_0, decode at 18 against 34. Q8_0 holds every
-/// value of a 5- or 6-bit block within its rounding; float matrices stay as stored.
+/// given: a quantised type our kernels do not run (Q5_1). Those would go through candle's
+/// matmul, one thread and row by row, many times slower; Q8_0 holds every value of a 5-bit
+/// block within its rounding. Float matrices stay as stored.
 pub(crate) fn needs_fast_type(dtype: GgmlDType) -> bool {
     own_kernel_type(dtype).is_none()
         && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
@@ -150,9 +160,10 @@ impl std::str::FromStr for QuantizeTo {
             "q4_1" => Ok(Self::Q4_1),
             "q8_0" => Ok(Self::Q8_0),
             "f16" => Ok(Self::F16),
+            "f32" => Ok(Self::F32),
             "stored" => Ok(Self::Stored),
             other => Err(format!(
-                "unknown quantisation `{other}` (expected q4_0, q4_1, q8_0, f16 or stored)"
+                "unknown quantisation `{other}` (expected q4_0, q4_1, q8_0, f16, f32 or stored)"
             )),
         }
     }
@@ -282,9 +293,9 @@ impl Weight {
 
     /// `out[m, rows] = x[m, cols] · selfᵀ` with `x` from `a`.
     ///
-    /// Q4_0, Q4_1 and Q8_0 run on our kernels (AVX2 with a portable fallback), on `a`'s Q8_1
-    /// quantisation, made once however many matrices share the input. Other types go through
-    /// candle's quantised matmul.
+    /// The types of [`own_kernel_type`] run on our kernels (SIMD with a portable fallback), on
+    /// `a`'s Q8_1 or Q8_K quantisation, made once however many matrices share the input.
+    /// Other types go through candle's quantised matmul.
     pub fn matmul(&self, a: &Activations<'_>, out: &mut [f32]) -> Result<(), ModelError> {
         let m = a.m;
         if a.x.len() != m * self.cols || out.len() < m * self.rows {

@@ -131,7 +131,7 @@ impl ModelWeights {
             let types: Vec<String> = made_fast.iter().map(|(k, n)| format!("{n} {k}")).collect();
             tracing::info!(
                 matrices = %types.join(", "),
-                "re-quantised to Q8_0 at load: the CPU kernels run Q4_0, Q4_1 and Q8_0 (`--quantize stored` keeps them as stored)"
+                "re-quantised to Q8_0 at load: the CPU kernels run Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants (`--quantize stored` keeps them as stored)"
             );
         }
         Ok(Self {

@@ -265,6 +265,7 @@ impl<'a> JobRun<'a> {
             0,
             completion,
             system_now_ms(),
+            true,
         );
         tracing::warn!(request_id = %id, completion, "no worker holds this request any more; billing what was delivered and stopping");
         io::publish_usage(shared, &usage).await;
@@ -302,6 +303,7 @@ impl<'a> JobRun<'a> {
             cached,
             completion,
             system_now_ms(),
+            true,
         );
         if !io::publish_usage(self.shared, &usage).await {
             // Left pending: whoever takes it over bills this segment from the stream.
@@ -375,6 +377,7 @@ impl<'a> JobRun<'a> {
             0,
             completion,
             system_now_ms(),
+            true,
         );
         if !io::publish_usage(self.shared, &usage).await {
             return Outcome::Abandoned;
@@ -407,6 +410,7 @@ impl<'a> JobRun<'a> {
                     0,
                     delivered,
                     system_now_ms(),
+                    false,
                 );
                 if !io::publish_usage(self.shared, &usage).await {
                     return Outcome::Abandoned;

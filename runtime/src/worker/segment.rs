@@ -187,7 +187,8 @@ impl Segment {
     }
 
     /// The segment's usage event: `prompt` tokens (`cached` of them from the prefix cache)
-    /// if this segment bills the prompt, and `completion` tokens.
+    /// if this segment bills the prompt, and `completion` tokens; `last` when the request
+    /// ends with this segment (no other worker resumes it).
     pub fn usage(
         &self,
         runner: &Runner<'_>,
@@ -195,6 +196,7 @@ impl Segment {
         cached: u64,
         completion: u64,
         now_ms: u64,
+        last: bool,
     ) -> UsageEvent {
         let (prompt, cached) = if self.bills_prompt {
             (prompt, cached)
@@ -213,6 +215,7 @@ impl Segment {
             capacity_type: runner.capacity_type,
             started_at_ms: self.started_at_ms,
             ended_at_ms: now_ms.max(self.started_at_ms),
+            last,
         }
     }
 }
@@ -276,7 +279,7 @@ mod tests {
             }
         );
         assert_eq!(s.completion_at_done(&usage), 4);
-        let u = s.usage(&RUNNER, 7, 4, s.completion_at_done(&usage), 150);
+        let u = s.usage(&RUNNER, 7, 4, s.completion_at_done(&usage), 150, true);
         assert_eq!(
             (
                 u.segment,
@@ -330,7 +333,7 @@ mod tests {
             (4, 0, 4)
         );
         assert_eq!(s.completion_at_done(&usage), 1);
-        let ev = s.usage(&RUNNER, 7, 6, 1, 10);
+        let ev = s.usage(&RUNNER, 7, 6, 1, 10, false);
         assert_eq!((ev.prompt_tokens, ev.cached_prompt_tokens), (0, 0));
         let r = s.resume();
         assert_eq!(

@@ -61,6 +61,8 @@ pub fn dead_holder_usage(
         capacity_type: runner.capacity_type,
         started_at_ms: now_ms,
         ended_at_ms: now_ms,
+        // The request ends here unless the job is re-enqueued for another segment.
+        last: cancelled.is_some() || events.last().is_some_and(ResponseEvent::is_terminal),
     })
 }
 
@@ -181,6 +183,8 @@ mod tests {
         let evs = [delta(1, &[1, 2]), delta(2, &[3])];
         let u = dead_holder_usage(&c, &evs, 9, None, &RUNNER, 5).unwrap();
         assert_eq!((u.segment, u.prompt_tokens, u.completion_tokens), (0, 9, 3));
+        // Re-enqueued for another segment: not the request's last.
+        assert!(!u.last);
         // It died before writing anything: the prompt it was given is still billed once.
         let u = dead_holder_usage(&c, &[], 9, None, &RUNNER, 5).unwrap();
         assert_eq!((u.prompt_tokens, u.completion_tokens), (9, 0));
@@ -210,6 +214,8 @@ mod tests {
         let evs = [delta(1, &[1, 2]), delta(2, &[3]), delta(3, &[4, 5])];
         let bill = |evs: &[ResponseEvent], seq| {
             let u = dead_holder_usage(&c, evs, 9, Some(seq), &RUNNER, 5).unwrap();
+            // A cancelled request ends with the taker's bill.
+            assert!(u.last);
             (u.prompt_tokens, u.completion_tokens)
         };
         assert_eq!(bill(&evs, 2), (9, 3));
@@ -255,5 +261,6 @@ mod tests {
         ];
         let u = dead_holder_usage(&c, &evs, 9, None, &RUNNER, 5).unwrap();
         assert_eq!(u.completion_tokens, 3);
+        assert!(u.last, "the stream ended: nothing resumes it");
     }
 }

@@ -84,6 +84,7 @@ pub fn synthetic_events(tag: &str, n: usize, start: DateTime<Utc>) -> Vec<UsageR
                 },
                 started_at: at,
                 ended_at: at,
+                last: false,
             }
         })
         .collect()

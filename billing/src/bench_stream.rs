@@ -73,6 +73,7 @@ fn event(base: u128, i: usize, start_ms: u64) -> UsageEvent {
         },
         started_at_ms: start_ms + i as u64,
         ended_at_ms: start_ms + i as u64,
+        last: false,
     }
 }
 

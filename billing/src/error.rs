@@ -21,6 +21,9 @@ pub enum Error {
     /// The input was malformed.
     #[error("invalid input: {0}")]
     Invalid(String),
+    /// What was to be created exists already.
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// A price version exists at that time with different prices (versions are immutable).
     #[error("price conflict: {0}")]
     PriceConflict(String),

@@ -3,13 +3,17 @@
 use std::fmt;
 
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
 
 /// A calendar month, e.g. `2026-11`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
+#[schemars(extend("pattern" = "^[0-9]{4}-(0[1-9]|1[0-2])$"))]
 pub struct Month {
     year: i32,
     month: u32,

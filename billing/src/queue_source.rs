@@ -86,6 +86,7 @@ pub fn to_record(event: &UsageEvent) -> Result<UsageRecord, ConvertError> {
         },
         started_at: instant("started_at_ms", event.started_at_ms)?,
         ended_at: instant("ended_at_ms", event.ended_at_ms)?,
+        last: event.last,
     })
 }
 
@@ -235,6 +236,7 @@ mod tests {
             capacity_type: tidal_queue::CapacityType::OnDemand,
             started_at_ms: 1_764_460_800_000,
             ended_at_ms: 1_764_460_801_234,
+            last: false,
         }
     }
 

@@ -78,6 +78,9 @@ pub struct UsageRecord {
     pub started_at: DateTime<Utc>,
     /// Segment end; decides the price version and the day.
     pub ended_at: DateTime<Utc>,
+    /// The request's last segment: recording it releases the request's budget hold whole.
+    #[serde(default)]
+    pub last: bool,
 }
 
 impl UsageRecord {
@@ -299,6 +302,7 @@ pub(crate) mod tests {
             capacity: CapacityType::Spot,
             started_at: at,
             ended_at: at,
+            last: false,
         }
     }
 

@@ -47,6 +47,7 @@ fn events(rng: &mut StdRng) -> Vec<UsageRecord> {
                 },
                 started_at: end - chrono::Duration::seconds(rng.random_range(0..60)),
                 ended_at: end,
+                last: false,
             }
         })
         .collect()

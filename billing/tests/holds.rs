@@ -37,6 +37,7 @@ fn usage(req: &str, seg: u32, prompt: u64, completion: u64, end: DateTime<Utc>) 
         capacity: CapacityType::OnDemand,
         started_at: end - Duration::seconds(1),
         ended_at: end,
+        last: false,
     }
 }
 
@@ -220,8 +221,56 @@ async fn expiry_unlimited_and_unknown(kind: Kind) {
     ));
 }
 
+/// A request's last segment releases its hold whole, whatever is left of it: a stopped
+/// request's upper bound does not outlive its final bill, and a settle that comes after the
+/// last segment does not bring the hold back.
+async fn the_last_segment_releases_the_hold(kind: Kind) {
+    let (_db, ledger) = setup(kind, "holdlast", Some(100)).await;
+    let now = at(2, 10, 0);
+    let later = now + Duration::minutes(2);
+    // Stopped by its client: the gateway keeps an upper bound of 25 micros for two minutes.
+    ledger.hold_budget(&hold("a", 60), now).await.unwrap();
+    ledger
+        .settle_hold("a", 25 * PICO, Some(later))
+        .await
+        .unwrap();
+    assert_eq!(open_micros(&ledger, now).await, 25);
+    // A resumable segment (the worker drained) leaves the rest held.
+    ledger
+        .record_batch(&[usage("a", 0, 4, 1, now)])
+        .await
+        .unwrap();
+    assert_eq!(open_micros(&ledger, now).await, 19);
+    // The last segment bills 4 micros of the 19 still held: nothing stays held.
+    let last = UsageRecord {
+        last: true,
+        ..usage("a", 1, 0, 2, now)
+    };
+    ledger.record_batch(std::slice::from_ref(&last)).await.unwrap();
+    assert_eq!(spent_micros(&ledger, now).await, 10);
+    assert_eq!(open_micros(&ledger, now).await, 0);
+    // Replayed, it changes nothing.
+    ledger.record_batch(&[last]).await.unwrap();
+    assert_eq!(spent_micros(&ledger, now).await, 10);
+    // The last segment recorded before the gateway settles: the late settle is a no-op.
+    ledger.hold_budget(&hold("b", 40), now).await.unwrap();
+    let last = UsageRecord {
+        last: true,
+        ..usage("b", 0, 2, 1, now)
+    };
+    ledger.record_batch(&[last]).await.unwrap();
+    assert_eq!(open_micros(&ledger, now).await, 0);
+    ledger
+        .settle_hold("b", 30 * PICO, Some(later))
+        .await
+        .unwrap();
+    assert_eq!(open_micros(&ledger, now).await, 0);
+    assert_eq!(spent_micros(&ledger, now).await, 14);
+}
+
 on_both!(
     concurrent_holds_never_pass_the_budget,
     ingest_moves_cost_from_hold_to_spend,
+    the_last_segment_releases_the_hold,
     expiry_unlimited_and_unknown,
 );

@@ -91,6 +91,7 @@ fn record(id: &str, tenant: &str, model: &str, end: DateTime<Utc>) -> UsageRecor
         capacity: CapacityType::Spot,
         started_at: end - chrono::Duration::seconds(3),
         ended_at: end,
+        last: false,
     }
 }
 

@@ -45,6 +45,7 @@ fn ev(
         capacity: CapacityType::Spot,
         started_at: end - Duration::seconds(1),
         ended_at: end,
+        last: false,
     }
 }
 
@@ -426,7 +427,7 @@ async fn keys_and_budgets(kind: Kind) {
     assert_eq!(t.monthly_budget_micros, None);
     assert!(matches!(
         ledger.create_tenant("acme", "again", at(1, 0, 0)).await,
-        Err(Error::Invalid(_))
+        Err(Error::Conflict(_))
     ));
     assert!(matches!(
         ledger.create_tenant("Bad Id", "x", at(1, 0, 0)).await,

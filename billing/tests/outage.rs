@@ -94,6 +94,7 @@ fn event(i: usize) -> UsageRecord {
         capacity: CapacityType::Spot,
         started_at: end,
         ended_at: end,
+        last: false,
     }
 }
 

@@ -74,6 +74,7 @@ fn events(rng: &mut StdRng) -> Vec<UsageEvent> {
                 },
                 started_at_ms: end - rng.random_range(0..30_000),
                 ended_at_ms: end,
+                last: false,
             }
         })
         .collect()

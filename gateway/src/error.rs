@@ -54,6 +54,7 @@ impl From<tidal_billing::Error> for Reject {
         use tidal_billing::Error as E;
         match e {
             E::Invalid(m) => ApiError::bad_request(m).into(),
+            E::Conflict(m) => ApiError::new(409, Some("conflict".into()), None, m).into(),
             E::NotFound(m) => ApiError::not_found("not_found", format!("not found: {m}")).into(),
             E::Forbidden(m) => ApiError::forbidden(m).into(),
             e if e.is_transient() => {
@@ -100,6 +101,7 @@ mod tests {
         use tidal_billing::Error as E;
         let s = |e: E| Reject::from(e);
         assert_eq!(s(E::Invalid("x".into())).status(), 400);
+        assert_eq!(s(E::Conflict("x".into())).status(), 409);
         assert_eq!(s(E::NotFound("x".into())).status(), 404);
         assert_eq!(s(E::Forbidden("x".into())).status(), 403);
         assert_eq!(s(E::Corrupt("x".into())).status(), 500);

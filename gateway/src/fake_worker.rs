@@ -227,6 +227,7 @@ pub async fn serve(
         .as_ref()
         .map_or((0, 0), |r| (r.token_ids.len(), r.last_seq));
     let first_seq = seq + 1;
+    // Every usage event of the fake worker ends its request (done or cancelled).
     let usage_event = |completion_tokens: u64| UsageEvent {
         request_id: job.id,
         segment: claimed.segment(),
@@ -243,6 +244,7 @@ pub async fn serve(
         capacity_type: CapacityType::OnDemand,
         started_at_ms: started,
         ended_at_ms: system_now_ms(),
+        last: true,
     };
     let mut delivered = 0u64;
     for (i, piece) in out.pieces.iter().enumerate().skip(skip) {

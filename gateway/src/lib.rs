@@ -30,6 +30,7 @@ mod gateway;
 mod hold;
 pub mod limits;
 pub mod metrics;
+pub mod openapi;
 mod relay;
 mod respond;
 pub mod routes;
@@ -39,6 +40,3 @@ pub use error::Reject;
 pub use gateway::Gateway;
 pub use limits::{MemoryLimiter, RateLimiter, RedisLimiter};
 pub use routes::{route_table, REQUEST_ID_HEADER};
-
-/// The OpenAPI 3.1 document served at `/openapi.json`.
-pub const OPENAPI_JSON: &str = include_str!("../openapi.json");

@@ -433,9 +433,13 @@ impl Tracked {
             if started {
                 // Forgets the record but keeps the response stream: the worker ends it and
                 // bills from it the tokens up to `handed`, the last seq the client was handed.
-                match shared.broker.cancel(id, handed).await {
-                    Ok(()) => metrics::cancelled(&model),
-                    Err(e) => tracing::warn!(error = %e, %id, "cancelling an abandoned job failed"),
+                // Retried like `forget`: a cancel that never lands bills the whole answer.
+                if retrying(&shared, id, "cancelling a stopped request", || {
+                    shared.broker.cancel(id, handed)
+                })
+                .await
+                {
+                    metrics::cancelled(&model);
                 }
             } else {
                 forget(&shared, id).await;
@@ -445,21 +449,34 @@ impl Tracked {
     }
 }
 
-/// Forgets request `id` (its record and response stream), retrying through a broker outage
-/// for up to `broker_retry`: a request left recorded could be read again (reattached) by its
-/// tenant until the record expires.
+/// Forgets request `id` (its record and response stream), retrying through a broker outage:
+/// a request left recorded could be read again (reattached) by its tenant until the record
+/// expires.
 async fn forget(shared: &Shared, id: Uuid) {
+    retrying(shared, id, "forgetting a request", || {
+        shared.broker.forget_request(id)
+    })
+    .await;
+}
+
+/// Runs broker call `op` (`what`, about request `id`) until it succeeds, backing off from
+/// 100 ms to 2 s, for up to `broker_retry`; false when it never did (then its keys expire).
+async fn retrying<T, F, Fut>(shared: &Shared, id: Uuid, what: &str, op: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = tidal_queue::Result<T>>,
+{
     let started = Instant::now();
     let mut pause = Duration::from_millis(100);
     loop {
-        match shared.broker.forget_request(id).await {
-            Ok(_) => return,
+        match op().await {
+            Ok(_) => return true,
             Err(e) if started.elapsed() >= shared.config.broker_retry => {
-                tracing::warn!(error = %e, %id, "forgetting a request failed; its keys expire");
-                return;
+                tracing::warn!(error = %e, %id, "{what} failed; giving up, its keys expire");
+                return false;
             }
             Err(e) => {
-                tracing::debug!(error = %e, %id, "forgetting a request failed; retrying");
+                tracing::debug!(error = %e, %id, "{what} failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }

@@ -293,9 +293,17 @@ async fn admin_api_manages_tenants_keys_limits_budgets() {
     assert_eq!(r.status(), 201);
     let t: Value = r.json().await.unwrap();
     assert_eq!(t["id"], "gamma");
-    // Duplicate and malformed ids, unknown fields, bad types.
+    // A duplicate id is a conflict; malformed ids, unknown fields, bad types are 400s.
+    let r = h
+        .admin(
+            Method::POST,
+            "/v1/admin/tenants",
+            Some(ADMIN),
+            Some(json!({"id": "gamma"})),
+        )
+        .await;
+    assert_eq!(error(r, 409).await["error"]["code"], "conflict");
     for body in [
-        json!({"id": "gamma"}),
         json!({"id": "Bad Id"}),
         json!({"id": "x", "extra": 1}),
         json!({"id": 5}),

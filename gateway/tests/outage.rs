@@ -7,86 +7,20 @@
 //! timeouts); the server itself stays up for other tests.
 
 mod common;
+mod proxy;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use proxy::{authority, Proxy};
 use tidal_billing::ledger::LedgerOptions;
 use tidal_billing::scratch::{ScratchDb, DEFAULT_SERVER_URL};
 use tidal_billing::{Ledger, Role};
 use tidal_gateway::fake_worker::{FakeWorker, FakeWorkerConfig};
 use tidal_gateway::{Gateway, MemoryLimiter, RateLimiter};
 use tidal_queue::{Broker, MemoryBroker};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// A TCP proxy to `target` that can be switched off and on. Off, it forwards nothing and
-/// answers nothing but keeps every connection open, as a hung or partitioned server does:
-/// the worst case for a client, which waits for its own timeouts.
-struct Proxy {
-    addr: String,
-    up: watch::Sender<bool>,
-    held: Arc<Mutex<Vec<TcpStream>>>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(target: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let up = watch::Sender::new(true);
-        let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (up2, held2) = (up.clone(), held.clone());
-        let accept = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                if !*up2.borrow() {
-                    held2.lock().unwrap().push(client);
-                    continue;
-                }
-                let (mut down, held) = (up2.subscribe(), held2.clone());
-                let target = target.clone();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(&target).await else {
-                        return;
-                    };
-                    let cut = tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
-                        _ = down.wait_for(|up| !*up) => true,
-                    };
-                    if cut {
-                        held.lock().unwrap().extend([client, server]);
-                    }
-                });
-            }
-        });
-        Proxy {
-            addr,
-            up,
-            held,
-            accept,
-        }
-    }
-
-    /// The outage starts: nothing is forwarded any more, in either direction.
-    fn down(&self) {
-        self.up.send_replace(false);
-    }
-
-    /// The outage ends: the connections it hung are closed, new ones are forwarded.
-    fn up(&self) {
-        self.up.send_replace(true);
-        self.held.lock().unwrap().clear();
-    }
-}
-
-/// `host:port` of a `postgres://user@host:port/...` URL.
-fn authority(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
-    rest.split('/').next().unwrap_or(rest).to_owned()
-}
 
 struct Outage {
     base: String,

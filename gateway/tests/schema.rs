@@ -1,4 +1,4 @@
-//! The handlers accept exactly what `openapi.json` allows: each body below is checked
+//! The handlers accept exactly what the OpenAPI document allows: each body below is checked
 //! against its schema in the document and sent to the gateway, and the two must agree
 //! (schema-valid: not a 400; schema-invalid: a 400 with an OpenAI error body). Also the
 //! admin API's strictness: explicit removal, no `null` where a value is required, tenant
@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 fn document() -> Value {
-    serde_json::from_str(tidal_gateway::OPENAPI_JSON).unwrap()
+    tidal_gateway::openapi::document().unwrap()
 }
 
 /// A validator for `#/components/schemas/{name}` of the document.
@@ -28,7 +28,9 @@ fn request_body(doc: &Value, path: &str, method: &str) -> jsonschema::Validator 
     let schema =
         &doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"];
     assert!(schema.is_object(), "{method} {path} has a body schema");
-    jsonschema::validator_for(schema).unwrap()
+    let mut root = schema.clone();
+    root["components"] = doc["components"].clone();
+    jsonschema::validator_for(&root).unwrap()
 }
 
 /// Sends `body` and checks that the handler's verdict matches the schema's.
@@ -115,6 +117,19 @@ async fn completion_bodies_match_the_schema() {
         json!({"model": ""}),
         json!({"messages": []}),
         json!({"user": null, "ignore_eos": null, "stream_options": null}),
+        json!({"seed": -9223372036854775807i64}),
+        json!({"seed": -9223372036854775808i64}),
+        json!({"seed": -9223372036854775809.0}),
+        json!({"messages": [{"role": "robot", "content": "x"}]}),
+        json!({"messages": [{"role": "user"}]}),
+        json!({"messages": [{"role": "user", "content": null}]}),
+        json!({"messages": [{"role": "user", "content": []}]}),
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]}),
+        json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+        json!({"messages": [{"role": "user", "content": [{"type": "image_url", "text": "a"}]}]}),
+        json!({"stop": "x"}),
+        json!({"stop": ["a", "b", "c", "d", "e"]}),
+        json!({"logprobs": false, "top_logprobs": 2}),
     ] {
         let body = chat_with(extra);
         let v = &chat_schema;

@@ -1,14 +1,15 @@
 //! `/v1/chat/completions` bodies.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::number;
+use crate::number::{self, Int};
 use crate::params::{validate_max_tokens, SamplingFields};
 use crate::usage::Usage;
 
 /// Message content: a string, or a list of parts of which only text is supported.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
@@ -16,34 +17,59 @@ pub enum MessageContent {
 }
 
 /// One part of a multi-part message.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 pub struct ContentPart {
+    /// The part's type; only `text` is supported (400 otherwise).
     #[serde(rename = "type")]
+    #[schemars(extend("const" = "text"))]
     pub kind: String,
-    #[serde(default)]
+    /// The text of a `text` part (which needs one).
+    // Required in the schema: serde reads it missing as `None`, which validation refuses.
+    #[schemars(required)]
     pub text: Option<String>,
 }
 
 /// A request message.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 pub struct ChatMessage {
+    /// Who speaks.
+    #[schemars(extend("enum" = ROLES))]
     pub role: String,
+    /// Absent or `null`: empty.
     #[serde(default)]
     pub content: Option<MessageContent>,
 }
 
 /// The request body.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
+#[schemars(extend(
+    // `top_logprobs` needs `logprobs: true` (a 400 otherwise).
+    "if" = {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then" = {"required": ["logprobs"], "properties": {"logprobs": {"const": true}}}
+))]
 pub struct ChatCompletionRequest {
+    /// The model's id (`/v1/models`).
+    #[schemars(length(min = 1))]
     pub model: String,
+    /// The conversation so far.
+    #[schemars(length(min = 1))]
     pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate (default: up to the context length).
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 1))]
     pub max_tokens: Option<i64>,
+    /// OpenAI's newer name of `max_tokens`; wins over it.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 1))]
     pub max_completion_tokens: Option<i64>,
+    /// Return the log-probability of each generated token.
+    #[schemars(extend("default" = false))]
     pub logprobs: Option<bool>,
+    /// Alternatives per token; needs `logprobs: true` (400 otherwise).
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 0, max = 20))]
     pub top_logprobs: Option<i64>,
+    /// Sampling and stopping.
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -127,80 +153,122 @@ impl ChatCompletionRequest {
 }
 
 /// One alternative token in chat log-probabilities.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TopLogprob {
+    /// The token's text.
     pub token: String,
+    /// Natural log of its probability.
+    #[schemars(range(max = 0))]
     pub logprob: f32,
+    /// The token's UTF-8 bytes (a token may hold part of a character).
     pub bytes: Vec<u8>,
 }
 
 /// Log-probability of one generated token.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct TokenLogprob {
+    /// The token's text.
     pub token: String,
+    /// Natural log of the token's probability under the model's raw distribution (before
+    /// temperature and filters).
+    #[schemars(range(max = 0))]
     pub logprob: f32,
+    /// The token's UTF-8 bytes (a token may hold part of a character).
     pub bytes: Vec<u8>,
+    /// The `top_logprobs` most likely tokens, most likely first.
     pub top_logprobs: Vec<TopLogprob>,
 }
 
-/// `choices[].logprobs`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `choices[].logprobs`: present when the request set `logprobs: true`; in a stream, each
+/// chunk carries the entries of its own tokens.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChoiceLogprobs {
+    /// One entry per generated token.
     pub content: Vec<TokenLogprob>,
 }
 
 /// The assistant's reply.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct AssistantMessage {
+    /// Always `assistant`.
+    #[schemars(extend("const" = "assistant"))]
     pub role: String,
+    /// The generated text.
     pub content: String,
 }
 
 /// One choice of a non-streamed response.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChatChoice {
+    /// Always 0 (one choice per request).
     pub index: u32,
+    /// The reply.
     pub message: AssistantMessage,
+    /// Log-probabilities, when asked for.
     pub logprobs: Option<ChoiceLogprobs>,
+    /// Why generation stopped: a stop sequence or end of text (`stop`), or `max_tokens` or
+    /// the context length (`length`).
+    #[schemars(extend("enum" = ["stop", "length", null]))]
     pub finish_reason: Option<String>,
 }
 
 /// The non-streamed response.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChatCompletion {
+    /// `chatcmpl-` and the request id without dashes.
     pub id: String,
+    /// Always `chat.completion`.
+    #[schemars(extend("const" = "chat.completion"))]
     pub object: String,
+    /// Creation time, seconds since the epoch.
     pub created: u64,
+    /// The model, as the request named it.
     pub model: String,
+    /// The one choice.
     pub choices: Vec<ChatChoice>,
+    /// Token counts.
     pub usage: Usage,
 }
 
 /// The incremental part of a streamed chunk.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChatDelta {
+    /// `assistant`, in the stream's first chunk only.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("const" = "assistant"))]
     pub role: Option<String>,
+    /// Newly generated text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
 }
 
 /// One choice of a streamed chunk.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChatChunkChoice {
+    /// Always 0.
     pub index: u32,
+    /// What this chunk adds.
     pub delta: ChatDelta,
+    /// Log-probabilities of this chunk's tokens, when asked for.
     pub logprobs: Option<ChoiceLogprobs>,
+    /// `stop` or `length` on the choice's last chunk, else `null`.
+    #[schemars(extend("enum" = ["stop", "length", null]))]
     pub finish_reason: Option<String>,
 }
 
 /// A streamed chunk (`chat.completion.chunk`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct ChatCompletionChunk {
+    /// The same for every chunk of a response.
     pub id: String,
+    /// Always `chat.completion.chunk`.
+    #[schemars(extend("const" = "chat.completion.chunk"))]
     pub object: String,
+    /// Creation time, seconds since the epoch.
     pub created: u64,
+    /// The model, as the request named it.
     pub model: String,
+    /// One choice, or none in the closing usage chunk.
     pub choices: Vec<ChatChunkChoice>,
     /// Only on the final chunk, and only with `stream_options.include_usage`.
     #[serde(skip_serializing_if = "Option::is_none")]

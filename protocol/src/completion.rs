@@ -2,21 +2,30 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::number;
+use crate::number::{self, Int};
 use crate::params::{validate_max_tokens, SamplingFields};
 use crate::usage::Usage;
 
-/// `prompt`: text, token ids, or a one-element list of either.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// `prompt`: text, token ids, or a one-element list of either; never empty.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(untagged)]
 pub enum PromptField {
-    Text(String),
-    Tokens(#[serde(deserialize_with = "number::int_list")] Vec<u32>),
-    Texts(Vec<String>),
-    TokenLists(#[serde(deserialize_with = "number::int_lists")] Vec<Vec<u32>>),
+    Text(#[schemars(length(min = 1))] String),
+    Tokens(
+        #[serde(deserialize_with = "number::int_list")]
+        #[schemars(with = "Vec<Int<u32>>", length(min = 1))]
+        Vec<u32>,
+    ),
+    Texts(#[schemars(length(equal = 1), inner(length(min = 1)))] Vec<String>),
+    TokenLists(
+        #[serde(deserialize_with = "number::int_lists")]
+        #[schemars(with = "Vec<Vec<Int<u32>>>", length(equal = 1), inner(length(min = 1)))]
+        Vec<Vec<u32>>,
+    ),
 }
 
 /// A prompt after validation.
@@ -27,18 +36,32 @@ pub enum Prompt {
 }
 
 /// The request body.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 pub struct CompletionRequest {
+    /// The model's id (`/v1/models`).
+    #[schemars(length(min = 1))]
     pub model: String,
+    /// The one prompt.
     pub prompt: PromptField,
+    /// Most tokens to generate.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 1), extend("default" = 16))]
     pub max_tokens: Option<i64>,
+    /// Return log-probabilities of each token and this many alternatives.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 0, max = 20))]
     pub logprobs: Option<i64>,
+    /// Not supported: only `false`.
+    #[schemars(extend("enum" = [false, null]))]
     pub echo: Option<bool>,
+    /// Not supported: only empty.
+    #[schemars(length(max = 0))]
     pub suffix: Option<String>,
+    /// Only 1.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 1, max = 1))]
     pub best_of: Option<i64>,
+    /// Sampling and stopping.
     #[serde(flatten)]
     pub sampling: SamplingFields,
 }
@@ -108,32 +131,53 @@ impl CompletionRequest {
     }
 }
 
-/// `choices[].logprobs` of a text completion.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// `choices[].logprobs` of a text completion: present when the request set `logprobs`; in
+/// a stream, each chunk carries its own tokens.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct CompletionLogprobs {
+    /// Each generated token's text.
     pub tokens: Vec<String>,
+    /// Each token's log-probability.
+    #[schemars(inner(range(max = 0)))]
     pub token_logprobs: Vec<f32>,
+    /// Each token's most likely alternatives, by text.
     pub top_logprobs: Vec<BTreeMap<String, f32>>,
+    /// Byte offset of each token in the completion text (also across chunks and after a
+    /// reattach).
     pub text_offset: Vec<usize>,
 }
 
 /// One choice of a text completion (streamed or not).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct CompletionChoice {
+    /// Always 0 (one choice per request).
     pub index: u32,
+    /// The generated text (of this chunk, in a stream).
     pub text: String,
+    /// Log-probabilities, when asked for.
     pub logprobs: Option<CompletionLogprobs>,
+    /// Why generation stopped (`stop` or `length`); `null` in a stream's chunks before the
+    /// last.
+    #[schemars(extend("enum" = ["stop", "length", null]))]
     pub finish_reason: Option<String>,
 }
 
 /// A text completion (`text_completion`), also the shape of each streamed chunk.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 pub struct Completion {
+    /// `cmpl-` and the request id without dashes.
     pub id: String,
+    /// Always `text_completion`.
+    #[schemars(extend("const" = "text_completion"))]
     pub object: String,
+    /// Creation time, seconds since the epoch.
     pub created: u64,
+    /// The model, as the request named it.
     pub model: String,
+    /// The one choice, or none in a stream's closing usage chunk.
     pub choices: Vec<CompletionChoice>,
+    /// Token counts (in a stream, only in its closing chunk, with
+    /// `stream_options.include_usage`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
 }

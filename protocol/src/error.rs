@@ -1,5 +1,6 @@
 use std::borrow::Cow;
 
+use schemars::JsonSchema;
 use serde::Serialize;
 
 /// An error as OpenAI returns it: an HTTP status and `{"error": {...}}`.
@@ -17,18 +18,38 @@ pub struct ApiError {
     pub code: Option<Cow<'static, str>>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
+/// Every OpenAI error `type` an [`ApiError`] can carry.
+pub const ERROR_TYPES: [&str; 6] = [
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "insufficient_quota",
+    "rate_limit_error",
+    "server_error",
+];
+
+/// The body of an error response, as `ApiError::body` writes it.
+#[derive(Debug, Serialize, JsonSchema)]
+#[schemars(rename = "Error")]
+pub struct ErrorBody<'a> {
+    /// What went wrong.
+    pub error: ErrorDetail<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
-    message: &'a str,
+/// `error` of an [`ErrorBody`].
+#[derive(Debug, Serialize, JsonSchema)]
+#[schemars(inline)]
+pub struct ErrorDetail<'a> {
+    /// For people.
+    pub message: &'a str,
+    /// OpenAI's error type.
     #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
+    #[schemars(extend("enum" = ERROR_TYPES))]
+    pub kind: &'a str,
+    /// The offending request field or parameter, when there is one.
+    pub param: Option<&'a str>,
+    /// A machine-readable code (`model_not_found`, `rate_limit_exceeded`, ...).
+    pub code: Option<&'a str>,
 }
 
 impl ApiError {
@@ -155,8 +176,8 @@ impl ApiError {
 
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        serde_json::to_value(Body {
-            error: Inner {
+        serde_json::to_value(ErrorBody {
+            error: ErrorDetail {
                 message: &self.message,
                 kind: self.kind,
                 param: self.param.as_deref(),
@@ -200,6 +221,16 @@ mod tests {
             "temperature must be between 0 and 2"
         );
         assert!(body["error"]["code"].is_null());
+    }
+
+    #[test]
+    fn every_status_maps_to_a_documented_type() {
+        for status in 100..600 {
+            assert!(ERROR_TYPES.contains(&kind_for_status(status)), "{status}");
+        }
+        for e in [ApiError::invalid("p", "m"), ApiError::internal("m")] {
+            assert!(ERROR_TYPES.contains(&e.kind));
+        }
     }
 
     #[test]

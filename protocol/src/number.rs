@@ -2,10 +2,15 @@
 //! `integer`: a JSON number with no fractional part is an integer whether written `4390`,
 //! `4390.0` or `4.39e3`, so all three are accepted; `4390.5` is refused. Use these with
 //! `#[serde(default, deserialize_with = "...")]`; serialising is unchanged (a plain integer).
+//!
+//! A field read this way names its schema with `#[schemars(with = "Option<Int<T>>")]`:
+//! [`Int`]'s schema is an `integer` within `T`'s range, which is exactly what it accepts.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::{self, Deserializer, SeqAccess, Unexpected, Visitor};
 use serde::Deserialize;
 
@@ -18,9 +23,18 @@ pub fn integral(v: f64) -> Option<i128> {
 
 struct IntVisitor<T>(PhantomData<T>);
 
+/// The smallest integer taken, whatever the type: serde_json reads an integer literal below
+/// -2^63 as the nearest float, which may be -2^63 itself, so -2^63 could stand for a smaller
+/// integer and is refused in every spelling.
+const MIN: i128 = i64::MIN as i128 + 1;
+
 impl<T: TryFrom<i128>> IntVisitor<T> {
     fn fit<E: de::Error>(v: i128, unexp: Unexpected<'_>) -> Result<T, E> {
-        T::try_from(v).map_err(|_| E::invalid_value(unexp, &Self(PhantomData)))
+        let refuse = || E::invalid_value(unexp, &Self(PhantomData));
+        if v < MIN {
+            return Err(refuse());
+        }
+        T::try_from(v).map_err(|_| refuse())
     }
 }
 
@@ -71,6 +85,53 @@ pub struct Int<T>(pub T);
 impl<'de, T: TryFrom<i128>> Deserialize<'de> for Int<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(IntVisitor(PhantomData)).map(Int)
+    }
+}
+
+/// `Int<T>`'s schema: JSON Schema's `integer` (any number without a fractional part, as the
+/// visitor reads it) bounded by `T`'s range (and [`MIN`]), outside which it refuses the value.
+macro_rules! int_schema {
+    ($($t:ty),*) => {$(
+        impl JsonSchema for Int<$t> {
+            fn inline_schema() -> bool {
+                true
+            }
+
+            fn schema_name() -> Cow<'static, str> {
+                concat!("Int_", stringify!($t)).into()
+            }
+
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                // Between MIN and 0, so it always fits.
+                let min = i64::try_from(MIN.max(<$t>::MIN.into())).unwrap_or(0);
+                json_schema!({"type": "integer", "minimum": min, "maximum": <$t>::MAX})
+            }
+        }
+    )*};
+}
+
+int_schema!(i64, u64, u32);
+
+/// The schema of a field that is required yet may be `null` (`#[schemars(with =
+/// "Nullable<T>")]`): `T` or `null`. schemars takes a plain `Option` field as optional, and
+/// `#[schemars(required)]` drops its `null`.
+pub struct Nullable<T>(PhantomData<T>);
+
+impl<T: JsonSchema> JsonSchema for Nullable<T> {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        format!("Nullable_{}", T::schema_name()).into()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        format!("{}::Nullable<{}>", module_path!(), T::schema_id()).into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        Option::<T>::json_schema(generator)
     }
 }
 
@@ -149,6 +210,7 @@ mod tests {
             (r#"{"a": 4390.0}"#, Some(4390)),
             (r#"{"a": 4.39e3}"#, Some(4390)),
             (r#"{"a": -1.0}"#, Some(-1)),
+            (r#"{"a": -9223372036854775807}"#, Some(i64::MIN + 1)),
             (r#"{"a": null}"#, None),
             (r#"{}"#, None),
         ] {
@@ -163,6 +225,9 @@ mod tests {
             r#"{"a": 4390.5}"#,
             r#"{"a": 5e-324}"#,
             r#"{"a": 9223372036854775808}"#,
+            r#"{"a": -9223372036854775809}"#,
+            r#"{"a": -9223372036854775808}"#,
+            r#"{"a": -9.223372036854775808e18}"#,
             r#"{"a": 9.3e18}"#,
             r#"{"a": 1e300}"#,
             r#"{"a": "1"}"#,

@@ -1,21 +1,23 @@
 //! Sampling and stopping fields shared by chat and text completions, and their validation.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
-use crate::number;
+use crate::number::{self, Int};
 
-/// `stop`: one string or a list of up to four.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+/// `stop`: one string or a list of up to four, none empty.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, JsonSchema)]
 #[serde(untagged)]
 pub enum StopField {
-    One(String),
-    Many(Vec<String>),
+    One(#[schemars(length(min = 1))] String),
+    Many(#[schemars(length(max = 4), inner(length(min = 1)))] Vec<String>),
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, JsonSchema)]
 pub struct StreamOptions {
+    /// End the stream with a chunk that has no choices and carries `usage`.
     #[serde(default)]
     pub include_usage: bool,
 }
@@ -26,28 +28,55 @@ pub struct StreamOptions {
 ///
 /// Numbers are read as the OpenAPI document types them: floats as `f64`, so a range is
 /// checked on the value sent, not on its `f32` rounding; integers also as integral floats
-/// ([`crate::number`]).
-#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+/// ([`crate::number`]). The schema attributes state the ranges [`SamplingFields::validate`]
+/// checks, so the gateway's OpenAPI document refuses exactly what it refuses.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, JsonSchema)]
 pub struct SamplingFields {
+    /// Default 1.
+    #[schemars(range(min = 0, max = 2))]
     pub temperature: Option<f64>,
+    /// Default 1. Greater than 0; a value too small for a 32-bit float acts as the smallest
+    /// positive one (greedy).
+    #[schemars(extend("exclusiveMinimum" = 0), range(max = 1))]
     pub top_p: Option<f64>,
+    /// -1 or 0: off.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = -1))]
     pub top_k: Option<i64>,
+    /// Default 0 (off).
+    #[schemars(range(min = 0, max = 1))]
     pub min_p: Option<f64>,
+    /// Default 0.
+    #[schemars(range(min = -2, max = 2))]
     pub presence_penalty: Option<f64>,
+    /// Default 0.
+    #[schemars(range(min = -2, max = 2))]
     pub frequency_penalty: Option<f64>,
+    /// Default 1 (off).
+    #[schemars(extend("exclusiveMinimum" = 0), range(max = 10))]
     pub repetition_penalty: Option<f64>,
+    /// Makes sampling reproducible.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>")]
     pub seed: Option<i64>,
+    /// Stop sequences (not included in the output).
     pub stop: Option<StopField>,
+    /// Token ids that end generation.
     #[serde(default, deserialize_with = "number::opt_int_list")]
+    #[schemars(with = "Option<Vec<Int<u32>>>")]
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Keep generating past the end-of-sequence token.
     pub ignore_eos: Option<bool>,
+    /// Choices per request: only 1.
     #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 1, max = 1))]
     pub n: Option<i64>,
+    /// Answer as server-sent events.
     #[serde(default)]
     pub stream: bool,
+    /// Options of a stream.
     pub stream_options: Option<StreamOptions>,
+    /// The end user, for the caller's records.
     pub user: Option<String>,
 }
 

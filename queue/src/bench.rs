@@ -91,6 +91,7 @@ async fn serve(b: Arc<dyn Broker>, c: ClaimedJob, deltas: u64) -> Result<()> {
         capacity_type: CapacityType::OnDemand,
         started_at_ms: started,
         ended_at_ms: system_now_ms(),
+        last: false,
     })
     .await?;
     b.ack(&c).await

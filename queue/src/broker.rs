@@ -109,6 +109,9 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// takes its own jobs; consumers without a heartbeat are left to [`Broker::take_over`].
     /// The jobs become pending for `consumer` with `attempt` raised, as with
     /// [`Broker::take_over`]; a holder that was only late is fenced by the ownership rule.
+    /// Dead workers left holding nothing are forgotten (heartbeat and stream consumer), so
+    /// they do not pile up with every worker a model ever had; one that was only late
+    /// reappears with its next heartbeat.
     async fn take_over_dead(
         &self,
         model: &str,

@@ -244,6 +244,10 @@ pub struct UsageEvent {
     pub started_at_ms: u64,
     /// Segment end.
     pub ended_at_ms: u64,
+    /// The request's last segment: it ended here (finished, failed, cancelled or lost), so
+    /// billing releases its budget hold whole once this is recorded.
+    #[serde(default)]
+    pub last: bool,
 }
 
 /// A usage event read by a billing consumer, with the entry to ack once it is recorded.
@@ -277,7 +281,7 @@ pub struct WorkerHeartbeat {
 }
 
 /// Serving state of a model, as `/v1/models` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelState {
     /// No workers; the first request starts one.
@@ -289,7 +293,7 @@ pub enum ModelState {
 }
 
 /// Prices per million tokens, in integer micro-units of `currency`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Prices {
     /// ISO 4217 code, e.g. `USD`.
     pub currency: String,

@@ -38,6 +38,7 @@ impl From<Error> for HttpError {
         match e {
             Error::Forbidden(m) => HttpError::forbidden(m),
             Error::Invalid(m) => HttpError(ApiError::bad_request(m)),
+            Error::Conflict(m) => HttpError(ApiError::new(409, Some("conflict".into()), None, m)),
             Error::NotFound(m) => {
                 HttpError(ApiError::not_found("not_found", format!("not found: {m}")))
             }
@@ -72,6 +73,7 @@ mod tests {
         let s = |e: Error| HttpError::from(e).status();
         assert_eq!(s(Error::Forbidden("x".into())), 403);
         assert_eq!(s(Error::Invalid("x".into())), 400);
+        assert_eq!(s(Error::Conflict("x".into())), 409);
         assert_eq!(s(Error::NotFound("x".into())), 404);
         assert_eq!(s(Error::Database(sqlx::Error::PoolTimedOut)), 503);
         assert_eq!(s(Error::Corrupt("x".into())), 500);

@@ -226,11 +226,22 @@ impl Ledger {
 /// Rows per `IN (...)` lookup of held requests.
 pub(super) const HELD_CHUNK: usize = 1000;
 
-/// Counts the billed cost of each request in `$costs` (request id → picos) against its hold,
-/// inside ingest transaction `$tx`, and drops the holds billing has caught up with.
+/// What one ingest batch bills a request: its cost, and whether its last segment was among
+/// the records (the request has ended: nothing more can bill against its hold).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct RequestBill {
+    /// Picos billed by the batch.
+    pub cost_pico: i128,
+    /// The batch holds the request's last segment.
+    pub last: bool,
+}
+
+/// Counts the billed cost of each request in `$costs` (request id → [`RequestBill`]) against
+/// its hold, inside ingest transaction `$tx`, and drops the holds billing has caught up with
+/// and those of requests that ended.
 macro_rules! apply_to_holds {
     ($tx:ident, $db:ty, $costs:expr) => {{
-        let costs: &std::collections::BTreeMap<String, i128> = $costs;
+        let costs: &std::collections::BTreeMap<String, super::holds::RequestBill> = $costs;
         let ids: Vec<&str> = costs.keys().map(String::as_str).collect();
         let mut held: Vec<String> = Vec::new();
         for chunk in ids.chunks(super::holds::HELD_CHUNK) {
@@ -247,8 +258,8 @@ macro_rules! apply_to_holds {
             }
         }
         for id in &held {
-            let cost = costs.get(id).copied().unwrap_or(0);
-            let cost = i64::try_from(cost)
+            let bill = costs.get(id).copied().unwrap_or_default();
+            let cost = i64::try_from(bill.cost_pico)
                 .map_err(|_| $crate::error::Error::Overflow("a request's cost in picos"))?;
             sqlx::query(
                 "UPDATE budget_holds SET ingested_pico = ingested_pico + $2 WHERE request_id = $1",
@@ -258,9 +269,11 @@ macro_rules! apply_to_holds {
             .execute(&mut *$tx)
             .await?;
             sqlx::query(
-                "DELETE FROM budget_holds WHERE request_id = $1 AND ingested_pico >= held_pico",
+                "DELETE FROM budget_holds WHERE request_id = $1 \
+                 AND (ingested_pico >= held_pico OR $2)",
             )
             .bind(id.as_str())
+            .bind(bill.last)
             .execute(&mut *$tx)
             .await?;
         }

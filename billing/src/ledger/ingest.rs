@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sqlx::{QueryBuilder, Row};
 
-use super::holds::apply_to_holds;
+use super::holds::{apply_to_holds, RequestBill};
 use super::{on_pool, to_us, Ledger};
 use crate::error::{Error, Result};
 use crate::price::{PriceVersion, Prices, UNPRICED};
@@ -220,12 +220,14 @@ impl InsertEvents for sqlx::Sqlite {
     }
 }
 
-/// The exact cost in picos of each request among `fresh` (for its budget hold).
-fn request_costs(fresh: &[PricedRecord]) -> BTreeMap<String, i128> {
-    let mut costs = BTreeMap::new();
+/// The exact cost in picos of each request among `fresh`, and whether it ended (for its
+/// budget hold).
+fn request_costs(fresh: &[PricedRecord]) -> BTreeMap<String, RequestBill> {
+    let mut costs: BTreeMap<String, RequestBill> = BTreeMap::new();
     for p in fresh {
-        let cost = Totals::of_record(&p.record).cost_picos(&p.prices);
-        *costs.entry(p.record.request_id.clone()).or_default() += cost;
+        let bill = costs.entry(p.record.request_id.clone()).or_default();
+        bill.cost_pico += Totals::of_record(&p.record).cost_picos(&p.prices);
+        bill.last |= p.record.last;
     }
     costs
 }

@@ -7,6 +7,7 @@
 //! response stream, which is all a reattaching client can read, and writing it costs the
 //! gateway no database commit per request.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 
@@ -16,7 +17,7 @@ use crate::ledger::tenants::validate_tenant_id;
 use crate::ledger::Tenant;
 
 /// A tenant's rate limits; `None` means unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RateLimits {
     /// Requests admitted per minute.
     pub requests_per_min: Option<u64>,
@@ -45,7 +46,7 @@ impl RateLimits {
 }
 
 /// A tenant with its rate limits, as listed for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct TenantSettings {
     /// The tenant (with its budget).
     #[serde(flatten)]

@@ -51,6 +51,7 @@ where
             .map_err(|e| Error::Corrupt(e.to_string()))?,
         started_at: from_us(row.try_get("started_us")?)?,
         ended_at: from_us(row.try_get("ended_us")?)?,
+        last: false,
     })
 }
 

@@ -1,6 +1,7 @@
 //! Tenants, API keys and budgets.
 
 use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
 use serde::Serialize;
 use sqlx::Row;
 
@@ -12,20 +13,21 @@ use crate::money::round_picos;
 use crate::period::Month;
 
 /// A tenant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct Tenant {
     /// Id (`[a-z0-9][a-z0-9_-]*`, at most 64 bytes).
     pub id: String,
     /// Display name (1 to 128 printable characters).
     pub name: String,
     /// Creation time.
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub created_at: DateTime<Utc>,
     /// Monthly spend limit in micro-units, `None` for unlimited.
     pub monthly_budget_micros: Option<i64>,
 }
 
 /// A key just issued: the only time its secret is visible.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct IssuedKey {
     /// Key id.
     pub key_id: String,
@@ -40,7 +42,7 @@ pub struct IssuedKey {
 }
 
 /// A stored key as listed (no secret, no hash).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct KeyInfo {
     /// Key id.
     pub key_id: String,
@@ -49,13 +51,15 @@ pub struct KeyInfo {
     /// Role.
     pub role: Role,
     /// Creation time.
+    #[schemars(with = "String", extend("format" = "date-time"))]
     pub created_at: DateTime<Utc>,
     /// Revocation time, if revoked.
+    #[schemars(with = "Option<String>", extend("format" = "date-time"))]
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
 /// A tenant's spend against its monthly budget, as the gateway checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct BudgetStatus {
     /// The month.
     pub month: Month,
@@ -139,7 +143,8 @@ pub(crate) fn budget_status(
 }
 
 impl Ledger {
-    /// Creates a tenant; fails with [`Error::Invalid`] if the id is malformed or taken.
+    /// Creates a tenant; fails with [`Error::Invalid`] if the id is malformed, with
+    /// [`Error::Conflict`] if it is taken.
     pub async fn create_tenant(&self, id: &str, name: &str, now: DateTime<Utc>) -> Result<Tenant> {
         validate_tenant_id(id)?;
         validate_tenant_name(name)?;
@@ -155,7 +160,7 @@ impl Ledger {
             .rows_affected()
         });
         if inserted == 0 {
-            return Err(Error::Invalid(format!("tenant {id:?} already exists")));
+            return Err(Error::Conflict(format!("tenant {id:?} already exists")));
         }
         tracing::info!(tenant = id, "tenant created");
         Ok(Tenant {

@@ -15,12 +15,14 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Deserializer};
-use serde_json::{json, Value};
-use tidal_billing::ledger::RateLimits;
-use tidal_billing::{Principal, Role};
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use tidal_billing::ledger::{RateLimits, TenantSettings};
+use tidal_billing::{BudgetStatus, KeyInfo, Principal, Role, Tenant};
 use tidal_protocol::error::parse_json;
-use tidal_protocol::{number, ApiError};
+use tidal_protocol::number::{self, Int, Nullable};
+use tidal_protocol::ApiError;
 
 use super::{read_body, ADMIN_BODY_BYTES};
 use crate::auth;
@@ -71,12 +73,74 @@ fn finish(r: Result<Response>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-#[derive(Debug, Deserialize)]
+/// A tenant id as the ledger takes it (`validate_tenant_id` there).
+pub(crate) const TENANT_ID_PATTERN: &str = "^[a-z0-9][a-z0-9_-]{0,63}$";
+
+/// A tenant name as the ledger takes it (`validate_tenant_name` there): no control character
+/// (C0, DEL, C1), line or paragraph separator, or bidirectional override.
+const TENANT_NAME_PATTERN: &str =
+    "^[^\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069]+$";
+
+/// `POST /v1/admin/tenants`.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct NewTenant {
+pub(crate) struct NewTenant {
+    /// Lowercase letters, digits, `-` and `_`, starting with a letter or digit; at most 64.
+    #[schemars(pattern(TENANT_ID_PATTERN))]
     id: String,
+    /// Display name (default: the id): 1 to 128 characters, none a control character, line
+    /// or paragraph separator, or bidirectional override.
     #[serde(default, deserialize_with = "not_null")]
+    #[schemars(
+        with = "String",
+        length(min = 1, max = 128),
+        pattern(TENANT_NAME_PATTERN)
+    )]
     name: Option<String>,
+}
+
+/// `GET /v1/admin/tenants`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct TenantList {
+    /// Always `list`.
+    #[schemars(extend("const" = "list"))]
+    object: &'static str,
+    /// Every tenant, by id.
+    data: Vec<TenantSettings>,
+}
+
+/// `GET /v1/admin/tenants/{tenant}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct TenantView {
+    tenant: Tenant,
+    limits: RateLimits,
+    /// This month's.
+    budget: BudgetStatus,
+    /// Every key, revoked ones too.
+    keys: Vec<KeyInfo>,
+}
+
+/// `PUT /v1/admin/tenants/{tenant}/limits`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct TenantLimits {
+    tenant: String,
+    limits: RateLimits,
+}
+
+/// `PUT /v1/admin/tenants/{tenant}/budget`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct TenantBudget {
+    tenant: String,
+    /// This month's, under the new budget.
+    budget: BudgetStatus,
+}
+
+/// `DELETE /v1/admin/keys/{key_id}`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct RevokedKey {
+    id: String,
+    #[schemars(extend("const" = true))]
+    revoked: bool,
 }
 
 /// `POST /v1/admin/tenants` `{"id", "name"?}` → 201 with the tenant.
@@ -108,8 +172,12 @@ pub(super) async fn list_tenants(
     finish(
         async {
             auth::admin(&shared, &headers)?;
-            let tenants = shared.ledger.tenant_settings().await?;
-            Ok(Json(json!({"object": "list", "data": tenants})).into_response())
+            let data = shared.ledger.tenant_settings().await?;
+            Ok(Json(TenantList {
+                object: "list",
+                data,
+            })
+            .into_response())
         }
         .await,
     )
@@ -133,22 +201,25 @@ pub(super) async fn show_tenant(
                 .budget_status(&op, &tenant, now(&shared))
                 .await?;
             let keys = shared.ledger.list_keys(&op, &tenant).await?;
-            Ok(Json(json!({
-                "tenant": t,
-                "limits": limits,
-                "budget": budget,
-                "keys": keys,
-            }))
+            Ok(Json(TenantView {
+                tenant: t,
+                limits,
+                budget,
+                keys,
+            })
             .into_response())
         }
         .await,
     )
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `POST /v1/admin/tenants/{tenant}/keys` (the body is optional).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct NewKey {
+pub(crate) struct NewKey {
+    /// `tenant` when the body or the field is absent; `null` is a 400.
     #[serde(default, deserialize_with = "not_null")]
+    #[schemars(with = "Role", extend("default" = "tenant"))]
     role: Option<Role>,
 }
 
@@ -193,7 +264,11 @@ pub(super) async fn revoke_key(
             let key_id = path(key_id)?;
             shared.ledger.revoke_key(&key_id, now(&shared)).await?;
             shared.keys.revoke(&key_id);
-            Ok(Json(json!({"id": key_id, "revoked": true})).into_response())
+            Ok(Json(RevokedKey {
+                id: key_id,
+                revoked: true,
+            })
+            .into_response())
         }
         .await,
     )
@@ -218,27 +293,35 @@ pub(super) async fn set_limits(
             };
             shared.ledger.set_rate_limits(&tenant, limits).await?;
             shared.policies.remove(&tenant);
-            Ok(Json(json!({"tenant": tenant, "limits": limits})).into_response())
+            Ok(Json(TenantLimits { tenant, limits }).into_response())
         }
         .await,
     )
 }
 
-#[derive(Debug, Deserialize)]
+/// `PUT /v1/admin/tenants/{tenant}/limits`. Both fields are required: `null` removes a
+/// limit, absence is a 400. The ledger keeps limits as signed 64-bit integers.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct LimitsBody {
-    // Required (no `default`): `null` removes a limit, absence is a 400.
+pub(crate) struct LimitsBody {
+    /// Requests per minute; `null`: unlimited.
     #[serde(deserialize_with = "number::opt_int")]
+    #[schemars(with = "Nullable<Int<u64>>", range(min = 1, max = i64::MAX))]
     requests_per_min: Option<u64>,
+    /// Tokens per minute; `null`: unlimited.
     #[serde(deserialize_with = "number::opt_int")]
+    #[schemars(with = "Nullable<Int<u64>>", range(min = 1, max = i64::MAX))]
     tokens_per_min: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+/// `PUT /v1/admin/tenants/{tenant}/budget`.
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BudgetBody {
-    // Required (no `default`): `null` removes the budget, absence is a 400.
+pub(crate) struct BudgetBody {
+    /// Monthly spend limit in micro-units of the currency. Required: `null` removes the
+    /// budget (unlimited); an empty body is a 400.
     #[serde(deserialize_with = "number::opt_int")]
+    #[schemars(with = "Nullable<Int<i64>>", range(min = 0))]
     monthly_budget_micros: Option<i64>,
 }
 
@@ -264,7 +347,11 @@ pub(super) async fn set_budget(
                 .ledger
                 .budget_status(&Principal::operator(), &tenant, now(&shared))
                 .await?;
-            Ok(Json(json!({"tenant": tenant, "budget": status})).into_response())
+            Ok(Json(TenantBudget {
+                tenant,
+                budget: status,
+            })
+            .into_response())
         }
         .await,
     )

@@ -6,8 +6,10 @@ use axum::extract::{Extension, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use schemars::JsonSchema;
+use serde::Serialize;
 use tidal_protocol::render::Endpoint;
+use tidal_queue::{ModelState, Prices};
 
 use super::{answered_as, read_body, RequestId, COMPLETION_BODY_BYTES};
 use crate::admission::{submit, Accepted};
@@ -77,6 +79,36 @@ pub(super) async fn completion(
         .into_response()
 }
 
+/// `GET /v1/models`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct ModelList {
+    /// Always `list`.
+    #[schemars(extend("const" = "list"))]
+    object: &'static str,
+    data: Vec<ModelEntry>,
+}
+
+/// One model of `/v1/models`: OpenAI's fields and Tidal's.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct ModelEntry {
+    id: String,
+    /// Always `model`.
+    #[schemars(extend("const" = "model"))]
+    object: &'static str,
+    /// When the model's first price took effect (0: no price recorded yet).
+    created: i64,
+    /// Always `tidal`.
+    #[schemars(extend("const" = "tidal"))]
+    owned_by: &'static str,
+    /// Context window in tokens.
+    context_length: u32,
+    state: ModelState,
+    /// Longest a request waits for a worker (cold start included) before a 503.
+    max_queue_wait_ms: u64,
+    /// Per million tokens, in micro-units of the currency.
+    pricing: Prices,
+}
+
 /// `GET /v1/models`: every model record, with its state and per-million-token prices.
 pub(super) async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
     let r = async {
@@ -98,24 +130,25 @@ pub(super) async fn models(State(shared): State<Arc<Shared>>, headers: HeaderMap
                     .map(|v| v.effective_from.timestamp().max(0))
                     .min()
                     .unwrap_or(0);
-                json!({
-                    "id": m.id,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "tidal",
-                    "context_length": m.context_length,
-                    "state": m.state,
-                    "max_queue_wait_ms": m.max_queue_wait_ms,
-                    "pricing": {
-                        "currency": m.prices.currency,
-                        "input_per_mtok_micros": m.prices.input_per_mtok_micros,
-                        "cached_input_per_mtok_micros": m.prices.cached_input_per_mtok_micros,
-                        "output_per_mtok_micros": m.prices.output_per_mtok_micros,
-                    },
-                })
+                ModelEntry {
+                    id: m.id,
+                    object: "model",
+                    created,
+                    owned_by: "tidal",
+                    context_length: m.context_length,
+                    state: m.state,
+                    max_queue_wait_ms: m.max_queue_wait_ms,
+                    pricing: m.prices,
+                }
             })
             .collect();
-        Ok::<_, Reject>(Json(json!({"object": "list", "data": data})).into_response())
+        Ok::<_, Reject>(
+            Json(ModelList {
+                object: "list",
+                data,
+            })
+            .into_response(),
+        )
     };
     r.await.unwrap_or_else(IntoResponse::into_response)
 }

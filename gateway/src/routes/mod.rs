@@ -4,9 +4,9 @@
 //! The table is the single source of the gateway's routes: the router is built from it and
 //! the tests check that every entry is served and documented in `/openapi.json`.
 
-mod admin;
-mod completions;
-mod ops;
+pub(crate) mod admin;
+pub(crate) mod completions;
+pub(crate) mod ops;
 mod requests;
 
 use std::sync::Arc;
@@ -109,17 +109,29 @@ pub fn route_table() -> Vec<(&'static str, Method)> {
     table().into_iter().map(|(p, m, _)| (p, m)).collect()
 }
 
+/// A path, its methods and their handlers.
+type PathRoutes = (&'static str, Vec<Method>, MethodRouter<Arc<Shared>>);
+
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    let mut merged: Vec<(&'static str, MethodRouter<Arc<Shared>>)> = Vec::new();
-    for (path, _, mr) in table() {
-        match merged.iter_mut().find(|(p, _)| *p == path) {
-            Some((_, existing)) => *existing = std::mem::take(existing).merge(mr),
-            None => merged.push((path, mr)),
+    let mut merged: Vec<PathRoutes> = Vec::new();
+    for (path, method, mr) in table() {
+        match merged.iter_mut().find(|(p, _, _)| *p == path) {
+            Some((_, methods, existing)) => {
+                methods.push(method);
+                *existing = std::mem::take(existing).merge(mr);
+            }
+            None => merged.push((path, vec![method], mr)),
         }
     }
     let mut router = Router::new();
-    for (path, mr) in merged {
-        router = router.route(path, mr.fallback(method_not_allowed));
+    for (path, methods, mr) in merged {
+        let allow: Vec<&str> = methods.iter().map(Method::as_str).collect();
+        let allow = HeaderValue::from_str(&allow.join(", ")).ok();
+        let refuse = move |method: Method, uri: axum::http::Uri| {
+            let allow = allow.clone();
+            async move { method_not_allowed(method, uri, allow) }
+        };
+        router = router.route(path, mr.fallback(refuse));
     }
     router
         .fallback(not_found)
@@ -166,14 +178,23 @@ async fn not_found(uri: axum::http::Uri) -> Reject {
     ApiError::not_found("unknown_url", format!("Unknown path {}", uri.path())).into()
 }
 
-async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
-    Reject::from(ApiError::new(
+/// 405 with `Allow`: the methods the path serves.
+fn method_not_allowed(
+    method: Method,
+    uri: axum::http::Uri,
+    allow: Option<HeaderValue>,
+) -> Response {
+    let mut resp = Reject::from(ApiError::new(
         405,
         Some("method_not_allowed".into()),
         None,
         format!("Method {method} is not allowed on {}", uri.path()),
     ))
-    .into_response()
+    .into_response();
+    if let Some(allow) = allow {
+        resp.headers_mut().insert(header::ALLOW, allow);
+    }
+    resp
 }
 
 /// `resp` labelled as request `id`'s: a reattach, or a retry under a used idempotency key,

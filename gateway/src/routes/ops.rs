@@ -6,14 +6,24 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use schemars::JsonSchema;
+use serde::Serialize;
 use tidal_protocol::ApiError;
 
 use crate::error::Reject;
 use crate::gateway::Shared;
 
+/// `GET /health`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub(crate) struct Health {
+    /// Always `ok`.
+    #[schemars(extend("const" = "ok"))]
+    status: &'static str,
+}
+
 /// Liveness: the process serves HTTP.
 pub(super) async fn health() -> Response {
-    Json(serde_json::json!({"status": "ok"})).into_response()
+    Json(Health { status: "ok" }).into_response()
 }
 
 /// Prometheus text format.
@@ -32,11 +42,16 @@ pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-/// The OpenAPI document of the public API.
+/// The OpenAPI document of the public API (generated once, then cached).
 pub(super) async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        crate::OPENAPI_JSON,
-    )
-        .into_response()
+    match crate::openapi::json() {
+        Ok(doc) => ([(header::CONTENT_TYPE, "application/json")], doc).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the OpenAPI document");
+            Reject::from(ApiError::internal(format!(
+                "The OpenAPI document could not be built: {e}"
+            )))
+            .into_response()
+        }
+    }
 }

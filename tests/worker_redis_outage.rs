@@ -23,7 +23,7 @@ use services::PrivateRedis;
 use worker_common::*;
 
 /// How long Redis stays down: longer than the heartbeats' dead-after time (3 s) and than
-/// the retries the workers used to give up after (under a second).
+/// a short retry loop (under a second): only `--broker-retry` rides it out.
 const OUTAGE: Duration = Duration::from_secs(6);
 
 /// Longest a stream may take, from the restart of Redis (its start-up included), to deliver

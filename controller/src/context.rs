@@ -12,7 +12,6 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::Client;
 use tidal_autoscaler::{Decision, PolicyState, ScalingSpec};
@@ -21,7 +20,9 @@ use tidal_crds::ModelStatus;
 use tidal_queue::{Broker, ModelRecord};
 
 use crate::deployment::WorkerConfig;
+use crate::events::Events;
 use crate::fleet_time::FleetMeter;
+use crate::model_metrics::ModelMetrics;
 
 /// A clock the controller reads (injected so tests control time).
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
@@ -101,8 +102,10 @@ pub struct Context {
     pub broker: Arc<dyn Broker>,
     /// The ledger (prices, fleet time).
     pub ledger: Ledger,
-    /// Event recorder.
-    pub recorder: Recorder,
+    /// The Models' Kubernetes Events.
+    pub events: Events,
+    /// The per-Model series of `/metrics` (`run` shares it with the HTTP server).
+    pub model_metrics: Arc<ModelMetrics>,
     /// The Models' pods (label `tidal.dev/model`).
     pub pods: Store<Pod>,
     /// Nodes (for interruption signals).
@@ -130,12 +133,13 @@ impl Context {
         settings: Settings,
         clock: Clock,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "tidal-controller".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(
+                client.clone(),
+                "tidal-controller",
+                std::env::var("POD_NAME").ok(),
+            ),
+            model_metrics: Arc::new(ModelMetrics::new()),
             client,
             broker,
             ledger,

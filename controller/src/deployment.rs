@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use tidal_crds::{CapacityPool, Model, Source};
+use tidal_crds::{CapacityPool, Model, RuntimeSettings, Source};
 use tidal_queue::CapacityType;
 
 use crate::names::{capacity_value, deployment_name, labels, model_id, selector_labels};
@@ -163,6 +163,26 @@ fn env(name: &str, value: &str) -> EnvVar {
         value: Some(value.into()),
         ..EnvVar::default()
     }
+}
+
+/// The worker's environment: its pod name, and the Model's shared prefixes (as an
+/// environment variable rather than an argument: they may be long texts).
+fn worker_env(rt: &RuntimeSettings) -> Vec<EnvVar> {
+    let mut envs = vec![EnvVar {
+        name: "POD_NAME".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "metadata.name".into(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }];
+    if let Some(json) = rt.shared_prefixes_json() {
+        envs.push(env("TIDAL_SHARED_PREFIXES", &json));
+    }
+    envs
 }
 
 fn fetch_container(model: &Model, source: &Source, url: String) -> Container {
@@ -307,17 +327,7 @@ pub fn build(
         image: Some(rt.image.clone()),
         command: Some(vec!["tidal".into()]),
         args: Some(worker_args(model, source, capacity, cfg)),
-        env: Some(vec![EnvVar {
-            name: "POD_NAME".into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: "metadata.name".into(),
-                    api_version: None,
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        }]),
+        env: Some(worker_env(rt)),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: port,

@@ -315,3 +315,39 @@ fn a_custom_key_prefix_is_passed_to_the_workers() {
     let args = worker_args(&m, &src, CapacityType::Spot, &cfg);
     assert_eq!(&args[13..15], ["--queue-prefix", "prod:"]);
 }
+
+#[test]
+fn shared_prefixes_reach_the_worker_as_json_in_its_environment() {
+    let mut m = llama();
+    let src = m.spec.source().unwrap();
+    let env_of = |m: &Model| -> Vec<(String, Option<String>)> {
+        let d = build(m, &src, CapacityType::Spot, 1, &cfg());
+        pod_spec(&d).containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect()
+    };
+    // None declared: every tenant's cache stays apart, nothing is passed.
+    assert_eq!(env_of(&m), [("POD_NAME".into(), None)]);
+    m.spec.runtime.shared_prefixes = serde_json::from_value(serde_json::json!([
+        {"system": "You are a helpful assistant."},
+        {"text": "<|begin_of_text|>Answer briefly."}
+    ]))
+    .unwrap();
+    let env = env_of(&m);
+    assert_eq!(env[1].0, "TIDAL_SHARED_PREFIXES");
+    // The `--shared-prefix-file` format: strings for texts, {"system": ...} for messages.
+    let json: serde_json::Value = serde_json::from_str(env[1].1.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!([
+            {"system": "You are a helpful assistant."},
+            "<|begin_of_text|>Answer briefly."
+        ])
+    );
+    // The worker's arguments stay short: the texts are not on its command line.
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    assert!(!args.iter().any(|a| a.contains("helpful")), "{args:?}");
+}

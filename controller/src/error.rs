@@ -25,6 +25,10 @@ pub enum Error {
     /// The object has no namespace or name.
     #[error("the Model has no {0}")]
     Incomplete(&'static str),
+    /// The Model is no longer in the API (a reconcile that started before its deletion
+    /// finished): not a failure, nothing to retry.
+    #[error("the Model is gone")]
+    Gone,
     /// Adding or removing the finaliser failed.
     #[error("finaliser: {0}")]
     Finalizer(String),

@@ -28,7 +28,8 @@ fn capacity_label(c: CapacityType) -> &'static str {
 }
 
 /// Sets the gauge of `model` (id `namespace/name`) on `capacity` to `replicas` scheduled
-/// replicas at the Model's price. Without an installed recorder this does nothing.
+/// replicas at the Model's price, in the current `metrics` recorder (the reconciler's is its
+/// [`crate::model_metrics::ModelMetrics`], which drops the gauges of a deleted Model).
 pub fn record(id: &str, model: &Model, capacity: CapacityType, replicas: u32) {
     let pool = match capacity {
         CapacityType::Spot => &model.spec.capacity.spot,
@@ -38,15 +39,6 @@ pub fn record(id: &str, model: &Model, capacity: CapacityType, replicas: u32) {
     // f64 holds every integer below 2^53 exactly: about 9e9 currency units an hour.
     metrics::gauge!(FLEET_COST, "model" => id.to_string(), "capacity" => capacity_label(capacity))
         .set(micros as f64);
-}
-
-/// Zeroes both gauges of a deleted model (the exporter keeps a series once written, so a
-/// deleted model would otherwise keep its last cost).
-pub fn forget(id: &str) {
-    for capacity in [CapacityType::Spot, CapacityType::OnDemand] {
-        metrics::gauge!(FLEET_COST, "model" => id.to_string(), "capacity" => capacity_label(capacity))
-            .set(0.0);
-    }
 }
 
 #[cfg(test)]
@@ -96,10 +88,5 @@ mod tests {
             sample(&text, "models/llama-3-8b", "on_demand"),
             Some("980000")
         );
-
-        metrics::with_local_recorder(&recorder, || forget("models/llama-3-8b"));
-        let text = handle.render();
-        assert_eq!(sample(&text, "models/llama-3-8b", "spot"), Some("0"));
-        assert_eq!(sample(&text, "models/llama-3-8b", "on_demand"), Some("0"));
     }
 }

@@ -5,18 +5,21 @@
 //!
 //! Pure parts (tested with plain unit tests): [`deployment`] (the Deployment a Model gets),
 //! [`observe`] (pods and nodes → the policy's view), [`report`] (status, record state,
-//! Events), [`fleet_time`] (replica time per minute), [`fleet_cost`] (the cost-rate gauge).
-//! I/O parts: [`reconcile`] (one tick of one Model, and the finaliser), [`leader`] (Lease
-//! election), [`watch_mode`] (streaming lists or lists), [`http`] (`/health`, `/metrics`),
-//! [`mod@run`] (the process).
+//! Events), [`fleet_time`] (replica time per minute), [`fleet_cost`] (the cost-rate gauge),
+//! [`model_metrics`] (the per-Model series of `/metrics`).
+//! I/O parts: [`reconcile`] (one tick of one Model, and the finaliser), [`events`] (publishing
+//! Events), [`leader`] (Lease election), [`watch_mode`] (streaming lists or lists), [`http`]
+//! (`/health`, `/metrics`), [`mod@run`] (the process).
 
 pub mod context;
 pub mod deployment;
 pub mod error;
+pub mod events;
 pub mod fleet_cost;
 pub mod fleet_time;
 pub mod http;
 pub mod leader;
+pub mod model_metrics;
 pub mod names;
 pub mod observe;
 pub mod reconcile;

@@ -9,6 +9,8 @@
 //! Cleanup (the finaliser): remove the model record so the gateway stops routing to it,
 //! delete the Deployments, fail every queued job (the clients get an error), give in-flight
 //! jobs the drain timeout to finish, then fail what is left and purge the model's streams.
+//! Gone: a reconcile that finds its Model no longer in the API (one queued before the
+//! deletion finished) is normal: it forgets the Model and is not retried.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -18,7 +20,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::finalizer::{finalizer, Error as FinalizerError, Event};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -51,24 +52,66 @@ pub async fn reconcile(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
     let id = model_id(&ns, &model.name_any());
     let api: Api<Model> = Api::namespaced(ctx.client.clone(), &ns);
     let span = tracing::info_span!("reconcile", model = %id);
-    finalizer(&api, FINALIZER, model, |event| async {
+    let result = finalizer(&api, FINALIZER, model.clone(), |event| async {
         match event {
             Event::Apply(m) => apply(m, ctx.clone()).await,
             Event::Cleanup(m) => cleanup(m, ctx.clone()).await,
         }
     })
-    .instrument(span)
+    .instrument(span.clone())
     .await
     .map_err(|e| match e {
         FinalizerError::ApplyFailed(e) | FinalizerError::CleanupFailed(e) => e,
-        FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => Error::Kube(e),
+        // both patch the Model itself
+        FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => model_request(e),
         other => Error::Finalizer(other.to_string()),
-    })
+    });
+    match result {
+        Err(Error::Gone) => {
+            gone(&ctx, &id, &model).instrument(span).await;
+            Ok(Action::await_change())
+        }
+        other => other,
+    }
+}
+
+/// The error of a request on the Model itself: a 404 means it is gone.
+fn model_request(e: kube::Error) -> Error {
+    match e {
+        kube::Error::Api(s) if s.code == 404 => Error::Gone,
+        e => Error::Kube(e),
+    }
+}
+
+/// Forgets what the controller keeps about a Model (memory, open fleet time, `/metrics`
+/// series, Events in progress).
+fn forget(ctx: &Context, id: &str, model: &Model) {
+    ctx.memory().remove(id);
+    ctx.meter().forget(id);
+    ctx.model_metrics.forget(id);
+    if let Some(uid) = model.uid() {
+        ctx.events.forget(&uid);
+    }
+}
+
+/// The Model is no longer in the API: forget it, and take its record off the broker in case
+/// this reconcile published it again after the finaliser removed it.
+async fn gone(ctx: &Context, id: &str, model: &Model) {
+    tracing::debug!("the model is gone; forgetting it");
+    forget(ctx, id, model);
+    if let Err(e) = ctx.broker.remove_model(id).await {
+        tracing::warn!(error = %e, "removing a deleted model's record failed");
+    }
 }
 
 /// Back-off after a failed reconcile.
 pub fn error_policy(model: Arc<Model>, err: &Error, ctx: Arc<Context>) -> Action {
     match err {
+        Error::Gone => {
+            // `reconcile` answers this itself; nothing to retry either way
+            tracing::debug!(model = %model.name_any(), "{err}");
+            Action::await_change()
+        }
         Error::Draining { .. } => {
             tracing::info!(model = %model.name_any(), "{err}");
             Action::requeue(ctx.settings.tick.max(Duration::from_secs(2)))
@@ -105,20 +148,16 @@ fn ledger_prices(spec: &ModelSpec) -> Prices {
     }
 }
 
-async fn publish_event(ctx: &Context, model: &Model, notice: &Notice) {
-    let event = KubeEvent {
-        type_: if notice.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: notice.reason.into(),
-        note: Some(notice.note.clone()),
-        action: "Scale".into(),
-        secondary: None,
-    };
+/// Publishes `notice` about `model`; `action` is what the controller did (`Scale`,
+/// `Validate`).
+async fn publish_event(ctx: &Context, model: &Model, notice: &Notice, action: &'static str) {
     tracing::info!(reason = notice.reason, note = %notice.note, "event");
-    if let Err(e) = ctx.recorder.publish(&event, &model.object_ref(&())).await {
+    let regarding = model.object_ref(&());
+    if let Err(e) = ctx
+        .events
+        .publish(notice, action, &regarding, (ctx.clock)())
+        .await
+    {
         tracing::warn!(error = %e, "publishing an event failed");
     }
 }
@@ -136,7 +175,8 @@ async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Res
         &PatchParams::apply(FIELD_MANAGER).force(),
         &Patch::Apply(body),
     )
-    .await?;
+    .await
+    .map_err(model_request)?;
     Ok(())
 }
 
@@ -234,6 +274,7 @@ async fn invalid(
                 note: message.clone(),
                 warning: true,
             },
+            "Validate",
         )
         .await;
         mem.invalid_generation = generation;
@@ -377,7 +418,8 @@ async fn tick(
         (CapacityType::Spot, &spot),
         (CapacityType::OnDemand, &on_demand),
     ] {
-        fleet_cost::record(&id, model, capacity, pool.scheduled);
+        ctx.model_metrics
+            .record(|| fleet_cost::record(&id, model, capacity, pool.scheduled));
     }
     if depth.backlog + depth.in_flight > 0 {
         mem.last_request = Some(now);
@@ -401,7 +443,8 @@ async fn tick(
             let at = epoch(now);
             let d = decide_at(&observed, scaling, &mut mem.policy, at, at.as_secs());
             mem.decided_at = Some(now);
-            telemetry::record(&id, &observed, &d);
+            ctx.model_metrics
+                .record(|| telemetry::record(&id, &observed, &d));
             d
         }
     };
@@ -449,7 +492,7 @@ async fn tick(
     mem.applied_generation = generation;
 
     for notice in report::notices(mem.decision.as_ref(), &decision) {
-        publish_event(ctx, model, &notice).await;
+        publish_event(ctx, model, &notice, "Scale").await;
     }
 
     if let Err(e) = record_fleet_time(
@@ -587,9 +630,7 @@ async fn cleanup(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
         }
     }
     ctx.broker.purge_model(&id).await?;
-    ctx.memory().remove(&id);
-    ctx.meter().forget(&id);
-    fleet_cost::forget(&id);
+    forget(&ctx, &id, &model);
     tracing::info!(
         failed_jobs = failed,
         "model deleted: queue withdrawn and purged"

@@ -1,6 +1,8 @@
 //! The controller process: clients, leader election, caches, the kube-runtime `Controller`,
 //! and the HTTP endpoints. Only the leader reconciles; a replica that loses the lease stops
 //! reconciling and returns [`RunError::LostLeadership`] so its pod restarts as a candidate.
+//! A replica that stops leading drops its per-Model series from `/metrics`: the new leader
+//! reports them.
 
 use std::future::IntoFuture;
 use std::net::SocketAddr;
@@ -24,6 +26,7 @@ use tokio::sync::watch;
 use crate::context::{system_clock, Context, Settings};
 use crate::http::{router, Render};
 use crate::leader::{LeaderElector, LeaseConfig};
+use crate::model_metrics::ModelMetrics;
 use crate::names::{MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL};
 use crate::reconcile::{error_policy, reconcile};
 use crate::watch_mode;
@@ -171,6 +174,8 @@ pub async fn run(
             source,
         })?;
     tracing::info!(addr = %cfg.metrics_listen, %identity, lease = %cfg.lease_name, tz_database = TZ_DATABASE, "controller listening; waiting for leadership");
+    let model_metrics = Arc::new(ModelMetrics::new());
+    let render = model_metrics.clone().appended_to(render);
     tokio::spawn(axum::serve(listener, router(leading.clone(), render)).into_future());
 
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
@@ -194,7 +199,7 @@ pub async fn run(
         .clone()
         .labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
     let deployments = cache::<Deployment>(api(&client, ns), owned.clone());
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client.clone(),
         Arc::new(broker),
         ledger,
@@ -215,7 +220,9 @@ pub async fn run(
             delete_grace: Duration::from_secs(30),
         },
         system_clock(),
-    ));
+    );
+    ctx.model_metrics = model_metrics.clone();
+    let ctx = Arc::new(ctx);
 
     let mut lost = leading.clone();
     let (ctl_stop_tx, ctl_stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -242,6 +249,9 @@ pub async fn run(
         // finish in-flight reconciles before giving the lease up
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
     }
+    // no reconcile records anything after this
+    drop(controller);
+    model_metrics.clear();
     let _ = stop_tx.send(true);
     let _ = election.await;
     outcome

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use serde_json::json;
 use tidal_controller::deployment::{build, WorkerConfig};
-use tidal_controller::reconcile::reconcile;
+use tidal_controller::reconcile::{error_policy, reconcile};
 use tidal_controller::Error;
 use tidal_crds::Model;
 use tidal_queue::{Broker, CapacityType, Job, ModelState, ResponseEvent};
@@ -628,4 +628,122 @@ async fn time_constants_left_out_follow_the_measured_cold_start() {
         })
     );
     assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
+/// Three scale-ups within a minute: three Events, each with its own transition (kube-runtime's
+/// recorder made the second and third a series of the first, showing `0 -> 1` three times).
+#[tokio::test]
+async fn each_scale_up_is_its_own_event() {
+    let mut h = Harness::new().await;
+    let m = Arc::new(model("small", true));
+    first_reconcile_of_an_idle_model(&mut h, &m).await;
+    let mut seen = Vec::new();
+    // 4 in flight per replica, at most 3 replicas
+    for (queued, replicas) in [(1, 1), (5, 2), (9, 3)] {
+        while h.broker.depth(ID).await.unwrap().backlog < queued {
+            h.broker.enqueue(&job()).await.unwrap();
+        }
+        h.advance(Duration::from_secs(2));
+        let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+        let r = next(&mut h.handle).await;
+        assert_eq!(r.body, json!({"spec": {"replicas": replicas}}));
+        r.echo();
+        h.add_deployment(deployment_in_cluster(&m, CapacityType::OnDemand, replicas));
+        let ev = next(&mut h.handle).await;
+        assert_eq!(
+            (ev.method.as_str(), ev.path.as_str()),
+            ("POST", "/apis/events.k8s.io/v1/namespaces/default/events"),
+            "{}",
+            ev.body
+        );
+        assert_eq!(ev.body["reason"], "ScaledUp");
+        seen.push((
+            ev.body["metadata"]["name"].as_str().unwrap().to_string(),
+            ev.body["note"].as_str().unwrap().to_string(),
+        ));
+        let body = ev.body.clone();
+        ev.reply(201, &body);
+        expect_status(&mut h, &m).await;
+        task.await.unwrap().unwrap();
+    }
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    for (i, (from, to)) in [(0, 1), (1, 2), (2, 3)].into_iter().enumerate() {
+        assert!(
+            seen[i]
+                .1
+                .starts_with(&format!("serving replicas {from} -> {to} (")),
+            "{seen:?}"
+        );
+    }
+    assert!(seen[0].0 != seen[1].0 && seen[1].0 != seen[2].0, "{seen:?}");
+}
+
+/// A Deployment event after the finaliser ran reconciles the cached, deleting Model once
+/// more: its cleanup is done again, and removing the finaliser finds the Model gone. That is
+/// the end of the Model, not a failure: no error, no retry, nothing kept.
+#[tokio::test]
+async fn a_late_reconcile_of_a_deleted_model_is_not_an_error() {
+    let mut h = Harness::new().await;
+    let mut m = model("small", true);
+    deleting(&mut m);
+    let m = Arc::new(m);
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_deletes(&mut h, 404).await;
+    let r = next(&mut h.handle).await;
+    assert_eq!((r.method.as_str(), r.path.clone()), ("PATCH", model_path()));
+    r.reply(404, &status_error(404, "NotFound"));
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+}
+
+/// A tick whose status patch finds the Model gone: no error, and nothing of it is kept (no
+/// broker record, no `/metrics` series, no memory: the next reconcile of a Model with that
+/// name starts over with both applies).
+#[tokio::test]
+async fn a_tick_that_finds_its_model_gone_forgets_it() {
+    let mut h = Harness::new().await;
+    let m = Arc::new(model("small", true));
+    h.broker.enqueue(&job()).await.unwrap();
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &m, 0, 1).await;
+    let ev = next(&mut h.handle).await;
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    let r = next(&mut h.handle).await;
+    assert_eq!(r.path, format!("{}/status", model_path()));
+    r.reply(404, &status_error(404, "NotFound"));
+    assert_eq!(task.await.unwrap().unwrap(), Action::await_change());
+    assert_quiet(&mut h.handle, Duration::from_millis(100)).await;
+    assert_eq!(h.broker.model(ID).await.unwrap(), None);
+    let text = h.ctx.model_metrics.render();
+    assert!(!text.contains(ID), "{text}");
+
+    // the name is created again: a first reconcile
+    h.advance(Duration::from_secs(2));
+    let task = tokio::spawn(reconcile(m.clone(), h.ctx.clone()));
+    expect_applies(&mut h, &m, 0, 1).await;
+    let ev = next(&mut h.handle).await;
+    assert_eq!(ev.body["reason"], "ScaledUp");
+    let body = ev.body.clone();
+    ev.reply(201, &body);
+    expect_status(&mut h, &m).await;
+    task.await.unwrap().unwrap();
+    assert_eq!(
+        h.broker.model(ID).await.unwrap().unwrap().state,
+        ModelState::Starting
+    );
+}
+
+#[tokio::test]
+async fn a_gone_model_is_not_retried_and_other_failures_are() {
+    let h = Harness::new().await;
+    let m = Arc::new(model("small", true));
+    assert_eq!(
+        error_policy(m.clone(), &Error::Gone, h.ctx.clone()),
+        Action::await_change()
+    );
+    assert_eq!(
+        error_policy(m, &Error::Incomplete("namespace"), h.ctx.clone()),
+        Action::requeue(Duration::from_secs(10))
+    );
 }

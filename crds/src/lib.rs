@@ -5,6 +5,7 @@
 //! kube's derive and the pure autoscaling policy, so the CLI can print the CRD without the
 //! controller's client stack.
 
+pub mod formats;
 pub mod mapping;
 pub mod spec;
 pub mod status;
@@ -13,7 +14,7 @@ pub use mapping::{ColdStart, InvalidSpec, Source, ASSUMED_COLD_START};
 pub use spec::{
     Capacity, CapacityMode, CapacityPool, Model, ModelSource, ModelSpec, Pricing, Quantisation,
     Resources, RuntimeSettings, ScaleDownHold, Scaling, ScheduledFloor, SecretKeyRef,
-    StableAggregate, Weekday,
+    SharedPrefixSpec, StableAggregate, Weekday,
 };
 pub use status::{CapacityStatus, ColdStartSource, ModelStatus, Phase, TimeConstants};
 
@@ -25,9 +26,12 @@ pub const GROUP: &str = "tidal.dev";
 /// Finaliser the controller puts on every `Model`.
 pub const FINALIZER: &str = "tidal.dev/cleanup";
 
-/// The `Model` CustomResourceDefinition.
+/// The `Model` CustomResourceDefinition, with only formats Kubernetes knows
+/// ([`formats::to_kubernetes`]).
 pub fn crd() -> CustomResourceDefinition {
-    Model::crd()
+    let mut crd = Model::crd();
+    formats::to_kubernetes(&mut crd);
+    crd
 }
 
 /// The CRD as the YAML document `kubectl apply -f` takes (what `crds/model.yaml` holds).

@@ -36,6 +36,9 @@ pub enum InvalidSpec {
     /// A price is negative.
     #[error("pricing: {0} must not be negative")]
     NegativePrice(&'static str),
+    /// A `sharedPrefixes` entry has both or neither of `text` and `system`.
+    #[error("runtime.sharedPrefixes[{0}]: a shared prefix has exactly one of text or system")]
+    SharedPrefix(usize),
     /// A `floorSchedule` time is not "HH:MM".
     #[error("floorSchedule[{index}]: {time:?} is not a time of day as HH:MM")]
     FloorTime {
@@ -339,6 +342,14 @@ impl ModelSpec {
             if v < 0 {
                 return Err(InvalidSpec::NegativePrice(field));
             }
+        }
+        if let Some(index) = self
+            .runtime
+            .shared_prefixes
+            .iter()
+            .position(|p| p.text.is_some() == p.system.is_some())
+        {
+            return Err(InvalidSpec::SharedPrefix(index));
         }
         self.scaling_spec(cold_start)
     }

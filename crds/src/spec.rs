@@ -18,7 +18,7 @@ use crate::status::ModelStatus;
 /// on which capacity, and what tenants pay for it.
 // clippy reads the repeated `printcolumn(type_ = ...)` arguments as duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "tidal.dev",
     version = "v1alpha1",
@@ -28,8 +28,18 @@ use crate::status::ModelStatus;
     shortname = "tm",
     category = "tidal",
     doc = "A model served by Tidal: runtime workers on spot and on-demand capacity, scaled with its request queue.",
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "serving phase: ScaledToZero, Starting, Ready or Degraded"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "ready replicas, spot and on-demand"
+    ),
     printcolumn(
         name = "Spot",
         type_ = "integer",
@@ -65,10 +75,12 @@ use crate::status::ModelStatus;
     printcolumn(
         name = "Age",
         type_ = "date",
-        json_path = ".metadata.creationTimestamp"
+        json_path = ".metadata.creationTimestamp",
+        description = "time since the Model was created"
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.capacity.baseOnDemandReplicas <= self.scaling.maxReplicas").message("baseOnDemandReplicas must not exceed scaling.maxReplicas").field_path(".capacity.baseOnDemandReplicas"))]
 pub struct ModelSpec {
     /// Where the GGUF weights come from.
     pub source: ModelSource,
@@ -98,7 +110,7 @@ fn default_drain_timeout() -> u32 {
 /// Where the GGUF weights come from.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("!self.uri.startsWith('https://') || has(self.sha256)").message("an https:// source needs sha256"))]
+#[x_kube(validation = kube::core::Rule::new("!self.uri.startsWith('https://') || has(self.sha256)").message("an https:// source needs sha256").field_path(".sha256"))]
 pub struct ModelSource {
     /// `file:///path/in/the/image.gguf`, `https://host/path.gguf` (with `sha256`) or
     /// `hf://org/repo/path/file.gguf` (a Hugging Face Hub file).
@@ -166,6 +178,12 @@ pub struct RuntimeSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10485760))]
     pub context_length: Option<u32>,
+    /// Public prompt prefixes (system prompts) whose prefix-cache blocks every tenant shares
+    /// (`--shared-prefixes`). Without them each tenant's prompts are cached apart from every
+    /// other tenant's. Never list a prefix that is not public.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub shared_prefixes: Vec<SharedPrefixSpec>,
     /// Further arguments appended to the worker's command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
@@ -173,6 +191,44 @@ pub struct RuntimeSettings {
     #[serde(default = "default_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: u16,
+}
+
+/// One public prefix shared between tenants: prompt text, or a system message rendered
+/// through the model's chat template.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("has(self.text) != has(self.system)").message("a shared prefix has exactly one of text or system").field_path(".text"))]
+pub struct SharedPrefixSpec {
+    /// Prompt text as the model reads it (for a chat model, the start of the rendered chat
+    /// template, special tokens included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 65536))]
+    pub text: Option<String>,
+    /// A system message, rendered through the model's chat template as a conversation's
+    /// first turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 65536))]
+    pub system: Option<String>,
+}
+
+impl RuntimeSettings {
+    /// `shared_prefixes` as the worker's `--shared-prefixes` JSON (strings for texts,
+    /// `{"system": ...}` for system messages); `None` when there are none.
+    pub fn shared_prefixes_json(&self) -> Option<String> {
+        if self.shared_prefixes.is_empty() {
+            return None;
+        }
+        let entries: Vec<serde_json::Value> = self
+            .shared_prefixes
+            .iter()
+            .filter_map(|p| match (&p.text, &p.system) {
+                (Some(text), None) => Some(serde_json::Value::String(text.clone())),
+                (None, Some(system)) => Some(serde_json::json!({ "system": system })),
+                _ => None,
+            })
+            .collect();
+        Some(serde_json::Value::Array(entries).to_string())
+    }
 }
 
 fn default_fetch_image() -> String {
@@ -272,9 +328,9 @@ pub enum StableAggregate {
 /// `status.timeConstants` shows the values in force.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas"))]
-#[x_kube(validation = kube::core::Rule::new("!has(self.panicWindowSeconds) || !has(self.stableWindowSeconds) || self.panicWindowSeconds <= self.stableWindowSeconds").message("panicWindowSeconds must not exceed stableWindowSeconds"))]
-#[x_kube(validation = kube::core::Rule::new("!has(self.floorSchedule) || self.floorSchedule.all(w, w.minReplicas <= self.maxReplicas)").message("floorSchedule minReplicas must not exceed maxReplicas"))]
+#[x_kube(validation = kube::core::Rule::new("self.minReplicas <= self.maxReplicas").message("minReplicas must not exceed maxReplicas").field_path(".minReplicas"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.panicWindowSeconds) || !has(self.stableWindowSeconds) || self.panicWindowSeconds <= self.stableWindowSeconds").message("panicWindowSeconds must not exceed stableWindowSeconds").field_path(".panicWindowSeconds"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.floorSchedule) || self.floorSchedule.all(w, w.minReplicas <= self.maxReplicas)").message("floorSchedule minReplicas must not exceed maxReplicas").field_path(".floorSchedule"))]
 pub struct Scaling {
     /// Fewest serving replicas; 0 allows scale to zero.
     #[serde(default)]

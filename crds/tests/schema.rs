@@ -115,6 +115,194 @@ fn schema_is_structural() {
     assert_structural(&schema(), "");
 }
 
+/// Formats the API server knows (apiextensions-apiserver's `supportedVersionedFormats` for
+/// strings; Kubernetes' own APIs' `int32`, `int64`, `float`, `double` for numbers). It warns
+/// `unrecognized format` for any other.
+fn kubernetes_knows(type_: &str, format: &str) -> bool {
+    const STRINGS: [&str; 27] = [
+        "bsonobjectid",
+        "uri",
+        "email",
+        "hostname",
+        "ipv4",
+        "ipv6",
+        "cidr",
+        "mac",
+        "uuid",
+        "uuid3",
+        "uuid4",
+        "uuid5",
+        "isbn",
+        "isbn10",
+        "isbn13",
+        "creditcard",
+        "ssn",
+        "hexcolor",
+        "rgbcolor",
+        "byte",
+        "password",
+        "date",
+        "duration",
+        "datetime",
+        "date-time",
+        "k8s-short-name",
+        "k8s-long-name",
+    ];
+    match type_ {
+        "integer" => ["int32", "int64"].contains(&format),
+        "number" => ["float", "double"].contains(&format),
+        "string" => STRINGS.contains(&format),
+        _ => false,
+    }
+}
+
+/// Every `format` below `node`, with its path and the node's type.
+fn formats(node: &Value, path: &str, out: &mut Vec<(String, String, String)>) {
+    if let Some(format) = node["format"].as_str() {
+        let type_ = node["type"].as_str().unwrap_or_default();
+        out.push((path.to_string(), type_.to_string(), format.to_string()));
+    }
+    if let Some(props) = node["properties"].as_object() {
+        for (k, v) in props {
+            formats(v, &format!("{path}.{k}"), out);
+        }
+    }
+    if node["items"].is_object() {
+        formats(&node["items"], &format!("{path}[]"), out);
+    }
+    if node["additionalProperties"].is_object() {
+        formats(&node["additionalProperties"], &format!("{path}{{}}"), out);
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        for (i, v) in node[key].as_array().into_iter().flatten().enumerate() {
+            formats(v, &format!("{path}/{key}[{i}]"), out);
+        }
+    }
+    if node["not"].is_object() {
+        formats(&node["not"], &format!("{path}/not"), out);
+    }
+}
+
+#[test]
+fn every_format_is_one_kubernetes_knows() {
+    let mut found = Vec::new();
+    formats(&schema(), "", &mut found);
+    let unknown: Vec<_> = found
+        .iter()
+        .filter(|(_, t, f)| !kubernetes_knows(t, f))
+        .collect();
+    assert_eq!(unknown, Vec::<&(String, String, String)>::new());
+    // the walk reaches the nested fields (a list's items, the status)
+    for path in [
+        ".spec.capacity.spot.tolerations[].tolerationSeconds",
+        ".status.backlog",
+        ".status.conditions[].lastTransitionTime",
+    ] {
+        assert!(found.iter().any(|(p, _, _)| p == path), "{path}: {found:?}");
+    }
+    assert_eq!(
+        found.len(),
+        tidal_crds::crd_yaml().unwrap().matches("format:").count()
+    );
+    // unsigned integers keep the sign bound their Rust type gave them
+    let s = schema();
+    let status = &s["properties"]["status"]["properties"];
+    assert_eq!(status["backlog"]["format"], "int64");
+    assert_eq!(status["backlog"]["minimum"].as_f64(), Some(0.0));
+    assert_eq!(status["readyReplicas"]["minimum"].as_f64(), Some(0.0));
+    let port = &s["properties"]["spec"]["properties"]["runtime"]["properties"]["port"];
+    assert_eq!(port["format"], "int32");
+    assert_eq!(
+        (port["minimum"].as_f64(), port["maximum"].as_f64()),
+        (Some(1.0), Some(65535.0))
+    );
+}
+
+/// The cross-field rules the schema leaves to CEL, by the field path each names.
+fn cel_rules(node: &Value, path: &str, out: &mut Vec<String>) {
+    for rule in node["x-kubernetes-validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let field = rule["fieldPath"].as_str().unwrap_or_default();
+        out.push(format!("{path}{field}"));
+        assert!(
+            rule["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{path}: {rule}"
+        );
+    }
+    if let Some(props) = node["properties"].as_object() {
+        for (k, v) in props {
+            cel_rules(v, &format!("{path}.{k}"), out);
+        }
+    }
+    if node["items"].is_object() {
+        cel_rules(&node["items"], &format!("{path}[]"), out);
+    }
+}
+
+#[test]
+fn cel_rules_name_their_field_and_the_controller_checks_agree() {
+    let mut rules = Vec::new();
+    cel_rules(&schema(), "", &mut rules);
+    rules.sort();
+    assert_eq!(
+        rules,
+        [
+            ".spec.capacity.baseOnDemandReplicas",
+            ".spec.runtime.sharedPrefixes[].text",
+            ".spec.scaling.floorSchedule",
+            ".spec.scaling.minReplicas",
+            ".spec.scaling.panicWindowSeconds",
+            ".spec.source.sha256",
+        ]
+    );
+    // each rule's mistake, which the controller refuses as well (clusters that skip CEL)
+    let base = manifest(EXAMPLES[1].1);
+    type Change = fn(&mut Value);
+    let mistakes: [(&str, Change); 6] = [
+        ("sharedPrefixes[0]", |v| {
+            v["spec"]["runtime"]["sharedPrefixes"] = json!([{"text": "a", "system": "b"}])
+        }),
+        ("baseOnDemandReplicas", |v| {
+            v["spec"]["capacity"]["baseOnDemandReplicas"] = json!(4)
+        }),
+        (
+            "floorSchedule",
+            |v| {
+                v["spec"]["scaling"]["floorSchedule"] =
+                    json!([{"start": "08:00", "end": "19:00", "minReplicas": 4}])
+            },
+        ),
+        ("minReplicas", |v| {
+            v["spec"]["scaling"]["minReplicas"] = json!(4)
+        }),
+        ("panicWindow", |v| {
+            v["spec"]["scaling"]["stableWindowSeconds"] = json!(60);
+            v["spec"]["scaling"]["panicWindowSeconds"] = json!(61);
+        }),
+        ("sha256", |v| {
+            v["spec"]["source"]["uri"] = json!("https://example.com/m.gguf")
+        }),
+    ];
+    for (what, change) in mistakes {
+        let mut v = base.clone();
+        change(&mut v);
+        assert_eq!(
+            errors(&v),
+            Vec::<String>::new(),
+            "{what}: only CEL refuses it"
+        );
+        let model: Model = serde_json::from_value(v).unwrap();
+        let err = model
+            .spec
+            .validate(tidal_crds::ColdStart::ASSUMED)
+            .expect_err(what);
+        assert!(err.to_string().contains(what), "{what}: {err}");
+    }
+}
+
 #[test]
 fn schema_carries_validation() {
     let s = schema();

@@ -97,8 +97,26 @@ pub struct WorkerArgs {
     /// shares: a JSON array of prompt texts, `{"system": "..."}` messages or
     /// `{"tokens": [...]}`. Without it each tenant's prompts are cached apart from every
     /// other tenant's, so no tenant can learn another's prompts from `cached_tokens`.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "shared_prefixes")]
     pub shared_prefix_file: Option<std::path::PathBuf>,
+    /// The same list as `--shared-prefix-file`, given inline as JSON (the controller passes
+    /// a Model's `runtime.sharedPrefixes` this way).
+    #[arg(long, value_name = "JSON", env = "TIDAL_SHARED_PREFIXES")]
+    pub shared_prefixes: Option<String>,
+}
+
+/// The public prefixes of `--shared-prefix-file` or `--shared-prefixes` (none without
+/// either).
+fn shared_prefixes(w: &WorkerArgs) -> anyhow::Result<Vec<SharedPrefix>> {
+    if let Some(path) = &w.shared_prefix_file {
+        let json =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return SharedPrefix::parse_list(&json).with_context(|| format!("in {}", path.display()));
+    }
+    match &w.shared_prefixes {
+        Some(json) => SharedPrefix::parse_list(json).context("in --shared-prefixes"),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The claim budget that `--claim-prefill-budget` and `--claim-prefill-budget-tokens` ask
@@ -231,12 +249,7 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     config.broker_retry = w.broker_retry;
     config.max_jobs = w.max_jobs;
     config.claim_budget = claim_budget(w.claim_prefill_budget, w.claim_prefill_budget_tokens);
-    if let Some(path) = &w.shared_prefix_file {
-        let json =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        config.shared_prefixes =
-            SharedPrefix::parse_list(&json).with_context(|| format!("in {}", path.display()))?;
-    }
+    config.shared_prefixes = shared_prefixes(w)?;
     config.validate()?;
 
     let broker_config = BrokerConfig {
@@ -323,5 +336,32 @@ mod tests {
             let flag = bad.split('=').next().unwrap_or_default();
             assert!(e.contains(flag) && e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn shared_prefixes_inline_or_from_a_file() {
+        let prefixes = |args: &[&str]| -> anyhow::Result<Vec<SharedPrefix>> {
+            let cli = Cli::try_parse_from([&["tidal"], args].concat())?;
+            shared_prefixes(&cli.worker)
+        };
+        assert!(prefixes(&[]).unwrap().is_empty());
+        let inline = r#"[{"system": "Be brief."}, "<s>Hi"]"#;
+        let want = vec![
+            SharedPrefix::System("Be brief.".into()),
+            SharedPrefix::Text("<s>Hi".into()),
+        ];
+        assert_eq!(prefixes(&["--shared-prefixes", inline]).unwrap(), want);
+        let dir = std::env::temp_dir().join(format!("tidal-prefixes-{}", std::process::id()));
+        std::fs::write(&dir, inline).unwrap();
+        let file = dir.to_str().unwrap();
+        assert_eq!(prefixes(&["--shared-prefix-file", file]).unwrap(), want);
+        let both = prefixes(&["--shared-prefix-file", file, "--shared-prefixes", inline]);
+        assert!(both
+            .unwrap_err()
+            .to_string()
+            .contains("cannot be used with"));
+        std::fs::remove_file(&dir).unwrap();
+        let bad = prefixes(&["--shared-prefixes", r#"[{"user": "x"}]"#]).unwrap_err();
+        assert!(format!("{bad:#}").contains("--shared-prefixes"), "{bad:#}");
     }
 }

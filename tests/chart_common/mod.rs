@@ -233,6 +233,17 @@ fn split_docs(text: &str) -> Vec<Value> {
 /// Renders the chart with `values` (user values, coalesced over values.yaml by Helm).
 /// `Err` carries Helm's message (bad values, a failed `required`, a template error).
 pub fn render(r: &Renderer, values: &Value) -> Result<Vec<Manifest>, String> {
+    render_release(r, values, RELEASE, NAMESPACE)
+}
+
+/// [`render`] as release `release` in namespace `namespace` (what `helm install -n` would
+/// name things; the tests that install into a cluster use their own namespace).
+pub fn render_release(
+    r: &Renderer,
+    values: &Value,
+    release: &str,
+    namespace: &str,
+) -> Result<Vec<Manifest>, String> {
     let dir = tempfile::tempdir().expect("temp dir");
     let values_path = dir.path().join("values.json");
     // JSON is YAML, so both renderers read the same file.
@@ -241,9 +252,9 @@ pub fn render(r: &Renderer, values: &Value) -> Result<Vec<Manifest>, String> {
     let out = match r {
         Renderer::Helm(helm) => Command::new(helm)
             .arg("template")
-            .arg(RELEASE)
+            .arg(release)
             .arg(&chart)
-            .args(["--namespace", NAMESPACE, "--values"])
+            .args(["--namespace", namespace, "--values"])
             .arg(&values_path)
             .output(),
         Renderer::Python(py) => Command::new(py)
@@ -251,7 +262,7 @@ pub fn render(r: &Renderer, values: &Value) -> Result<Vec<Manifest>, String> {
             .arg(PY_RENDER)
             .arg(&chart)
             .arg(&values_path)
-            .args([RELEASE, NAMESPACE])
+            .args([release, namespace])
             .output(),
     }
     .expect("running the renderer");

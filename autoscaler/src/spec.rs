@@ -198,7 +198,7 @@ pub enum SpecError {
 
 /// The shortest stable window and scale-down delay of [`ScalingSpec::with_cold_start`] when
 /// a cold start is longer than the TTFT target: those of a 60 s cold start, the shipped
-/// profiles' (docs/autoscaling.md, "Steady state", point 5).
+/// profiles' (docs/autoscaling.md, "Steady state").
 pub const RESTART_MISS_HOLD: Duration = Duration::from_secs(300);
 
 /// The shortest scale-to-zero time of [`ScalingSpec::with_cold_start`] when a cold start is

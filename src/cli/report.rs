@@ -7,7 +7,9 @@ use tidal_billing::{Format, Ledger, Month, Principal};
 /// Output format.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum OutputFormat {
+    /// The report as JSON.
     Json,
+    /// The report's lines as CSV.
     Csv,
 }
 
@@ -24,6 +26,7 @@ pub struct ReportArgs {
     /// Calendar month, e.g. 2026-11 (default: this month, UTC).
     #[arg(long)]
     pub month: Option<String>,
+    /// Output format.
     #[arg(long, value_enum, default_value = "json")]
     pub format: OutputFormat,
     /// Print the month's invoice (the issued one, or a draft) instead of the usage report.

@@ -54,15 +54,15 @@ pub struct UpArgs {
     /// Kernel threads per worker (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Re-quantise weights at load: q4_0, q4_1, q8_0, f16 or stored (default: as stored,
-    /// Q5_0/Q5_1/K-quant matrices as Q8_0).
+    /// Re-quantise weights at load: q4_0, q4_1, q8_0, f16, f32 or stored
+    /// (default: as stored, Q5_1 matrices as Q8_0).
     #[arg(long)]
     pub quantize: Option<QuantizeTo>,
     /// A model with no request for this long is unloaded (scale to zero).
     #[arg(long, default_value = "2m", value_parser = parse_duration)]
     pub scale_to_zero_after: Duration,
     /// Workers per model kept loaded even when idle (0: scale to zero): no request waits for
-    /// a model load while traffic stays within them (docs/autoscaling.md, "A floor").
+    /// a model load while traffic stays within them (docs/autoscaling.md, "Knobs").
     #[arg(long, default_value_t = 0)]
     pub min_workers: u32,
     /// A floor by time of day for every model, as a `Model`'s `floorSchedule` entry:

@@ -12,7 +12,7 @@
 //!   batched rate) billed at the spot price, with no cold start, queueing or idle time. No run
 //!   of any policy can cost less, whatever its latency.
 //!
-//! The proofs are in `docs/autoscaling.md`, "The oracle".
+//! The proofs are in `docs/oracle.md`.
 
 use super::bound::{self, fluid_ms, unloaded_ttft_ms};
 use super::engine::{PolicyRun, Sample};
@@ -181,7 +181,7 @@ pub fn oracle(schedule: &bound::Schedule, reqs: &[Request], p: &ServiceProfile) 
 
 /// The oracle whose replicas start instantly and free (`oracle-no-cold`): [`bound::bound_ms`] with
 /// every request anchored: "no cold start" read literally; no fleet that pays cold starts can approach it when requests are sparser than a cold start (see
-/// `docs/autoscaling.md`, "Which oracle").
+/// `docs/oracle.md`, "Which oracle the target is measured against").
 pub fn oracle_no_cold_start(reqs: &[Request], p: &ServiceProfile) -> PolicySummary {
     let all = vec![true; reqs.len()];
     bound_row("oracle-no-cold", bound::bound_ms(reqs, p, &all), reqs, p)

@@ -1,5 +1,5 @@
 //! The clusters bound: one replica level's billing over the requests' service intervals,
-//! split where a restart is cheaper than bridging (`docs/autoscaling.md`, "The oracle", step 6).
+//! split where a restart is cheaper than bridging (`docs/oracle.md`, "Proof", step 6).
 
 use super::Anchor;
 use std::ops::Range;

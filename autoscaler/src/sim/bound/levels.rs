@@ -10,7 +10,7 @@
 //! `C`: if at some moment `m` in between fewer than `k` are billed, the `k` replicas ready at
 //! `x2` were either billed at `m` or started after it; those that started after `m` are
 //! ready `C` later, so `m <= x2 - C`, and all `k` are billed throughout `[x2 - C, x2)`.
-//! (`docs/autoscaling.md`, "The oracle", step 7.)
+//! (`docs/oracle.md`, "Proof", step 7.)
 
 use super::Anchor;
 

@@ -6,7 +6,7 @@
 //! - [`clairvoyant_bound_ms`]: the same for replicas that pay the profile's cold start, as
 //!   every simulated fleet's do; what a fleet with perfect foresight pays.
 //!
-//! The proofs are in `docs/autoscaling.md`, "The oracle".
+//! The proofs are in `docs/oracle.md`.
 
 use super::profile::ServiceProfile;
 use super::trace::Request;
@@ -143,7 +143,7 @@ pub fn bound_ms(reqs: &[Request], p: &ServiceProfile, anchored: &[bool]) -> f64 
 /// before it is needed, so no request waits for a cold start, keeps one across an idle gap
 /// shorter than `C` and restarts across a longer one.
 ///
-/// The largest of three proven bounds (`docs/autoscaling.md`, "The oracle"):
+/// The largest of three proven bounds (`docs/oracle.md`):
 /// - spans: `C + max(fluid work, sum of span occupancy + sum over gaps G between spans of
 ///   min(G, C))`;
 /// - clusters, when `C` exceeds every anchor's slack (`C + shortest service + shortest

@@ -194,3 +194,115 @@ fn more_min_workers_than_max_workers_is_refused_before_anything_starts() {
         &["scaling settings", "minReplicas (3)"],
     );
 }
+
+/// `tidal runtime --model M --dry-run` with `flags`: (exit code, stdout).
+fn dry_run(model: &std::path::Path, flags: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["runtime", "--model"])
+        .arg(model)
+        .args(flags)
+        .arg("--dry-run")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!(
+        "$ tidal runtime --model {} {} --dry-run\n{stdout}",
+        model.display(),
+        flags.join(" ")
+    );
+    (out.status.code(), stdout)
+}
+
+#[test]
+fn a_dry_run_plans_an_8b_model_for_an_l4_without_its_weights() {
+    use tidal_runtime::model::{write_shape_gguf, QuantMix, ShapeSpec};
+    // Llama 3 8B's header in the Q4_K_M mix, its 4.9 GB of data a sparse file's zeros.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("Meta-Llama-3-8B-Instruct-Q4_K_M.gguf");
+    write_shape_gguf(&path, &ShapeSpec::llama3_8b(QuantMix::Q4KM)).unwrap();
+    // The CUDA kernels widen K-quants to f16: 14 GiB of weights. An L4 (about 22 GiB free)
+    // holds them with a 6 GiB KV cache, not with 8 GiB.
+    let l4 = |kv: &str| {
+        dry_run(
+            &path,
+            &[
+                "--device",
+                "cuda",
+                "--device-memory",
+                "22GiB",
+                "--kv-cache-memory",
+                kv,
+                "--max-num-batched-tokens",
+                "2048",
+            ],
+        )
+    };
+    let (code, out) = l4("6GiB");
+    assert_eq!(code, Some(0), "{out}");
+    for says in [
+        "memory plan: Meta-Llama-3-8B-Instruct (llama, 32 layers) on cuda:0",
+        "weights        13.98 GiB  (225 F16",
+        "KV cache        6.00 GiB  (49152 tokens, 131072 bytes each)",
+        "available      22.00 GiB  (--device-memory)",
+        "fits, with",
+    ] {
+        assert!(out.contains(says), "no {says:?} in\n{out}");
+    }
+    let (code, out) = l4("8GiB");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("the model does not fit cuda:0"), "{out}");
+    assert!(out.contains("lower --kv-cache-memory to at most"), "{out}");
+    // On the CPU every K-quant stays as stored: the file's 4.58 GiB.
+    let (code, out) = dry_run(
+        &path,
+        &["--device-memory", "16GiB", "--kv-cache-memory", "8GiB"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("weights         4.58 GiB  (193 Q4K"), "{out}");
+}
+
+#[test]
+fn a_model_over_the_device_memory_is_refused_before_it_loads() {
+    let model = default_model();
+    let (code, out) = dry_run(
+        &model,
+        &["--device-memory", "256MiB", "--kv-cache-memory", "1GiB"],
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("does not fit cpu"), "{out}");
+    // Without --dry-run the worker refuses the same way, before it loads a weight, and
+    // leaves the verdict where Kubernetes shows it in the pod's status (and the controller
+    // reads it).
+    let dir = tempfile::tempdir().unwrap();
+    let termination_log = dir.path().join("termination-log");
+    std::fs::write(&termination_log, "").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tidal"))
+        .args(["runtime", "--model"])
+        .arg(&model)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--device-memory", "256MiB", "--kv-cache-memory", "1GiB"])
+        .env("TIDAL_TERMINATION_LOG", &termination_log)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("does not fit cpu"), "{stderr}");
+    assert!(
+        stderr.contains("lower --kv-cache-memory to at most"),
+        "{stderr}"
+    );
+    let message = std::fs::read_to_string(&termination_log).unwrap();
+    assert!(message.starts_with("memory plan: "), "{message}");
+    let verdict = message.lines().last().unwrap_or_default();
+    assert!(
+        verdict.starts_with("the model does not fit cpu: it needs"),
+        "{message}"
+    );
+    // And a plan that fits runs.
+    let (code, out) = dry_run(&model, &["--kv-cache-memory", "64MiB"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("the host's MemAvailable") || out.contains("cgroup"),
+        "{out}"
+    );
+}

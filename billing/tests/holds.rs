@@ -246,7 +246,10 @@ async fn the_last_segment_releases_the_hold(kind: Kind) {
         last: true,
         ..usage("a", 1, 0, 2, now)
     };
-    ledger.record_batch(std::slice::from_ref(&last)).await.unwrap();
+    ledger
+        .record_batch(std::slice::from_ref(&last))
+        .await
+        .unwrap();
     assert_eq!(spent_micros(&ledger, now).await, 10);
     assert_eq!(open_micros(&ledger, now).await, 0);
     // Replayed, it changes nothing.

@@ -91,6 +91,10 @@ pub fn worker_args(
     if let Some(p) = &cfg.key_prefix {
         args.extend(["--queue-prefix".into(), p.clone()]);
     }
+    // The container sees the GPUs it was given from number 0; the engine runs on one.
+    if model.spec.resources.gpus > 0 {
+        args.extend(["--device".into(), "cuda".into()]);
+    }
     if let Some(n) = rt.max_sequences {
         args.extend(["--max-num-seqs".into(), n.to_string()]);
     }

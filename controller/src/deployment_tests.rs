@@ -44,14 +44,25 @@ fn worker_command_uses_the_runtime_worker_flags() {
             "60s",
             "--listen",
             "0.0.0.0:8000",
+            "--device",
+            "cuda",
             "--max-num-seqs",
             "64",
             "--max-num-batched-tokens",
             "2048",
             "--kv-cache-memory",
-            "8GiB",
+            "6GiB",
         ]
     );
+    // A CPU model's workers run on the CPU.
+    let cpu = example(include_str!("../../crds/examples/small-cpu-ondemand.yaml"));
+    let cpu_args = worker_args(
+        &cpu,
+        &cpu.spec.source().unwrap(),
+        CapacityType::OnDemand,
+        &cfg(),
+    );
+    assert!(!cpu_args.iter().any(|a| a == "--device"), "{cpu_args:?}");
     let od = worker_args(&m, &src, CapacityType::OnDemand, &cfg());
     assert_eq!(od[8], "on-demand");
 }

@@ -26,6 +26,9 @@ pub struct PoolObservation {
     pub scheduled: u32,
     /// The slowest [`cold_start`] among the ready pods.
     pub slowest_cold_start: Option<Duration>,
+    /// A worker's refusal to start because its model does not fit its device
+    /// ([`memory_refusal`]), if one of the pods shows one.
+    pub memory_refusal: Option<String>,
 }
 
 /// How long a Ready pod took from creation to Ready; `None` for a pod that is not Ready, or
@@ -48,6 +51,25 @@ pub fn cold_start(pod: &Pod) -> Option<Duration> {
     let created = SystemTime::from(pod.metadata.creation_timestamp.as_ref()?.0);
     let ready_at = SystemTime::from(ready.last_transition_time.as_ref()?.0);
     ready_at.duration_since(created).ok()
+}
+
+/// The verdict of the memory plan a worker refused to start with: the last line of its
+/// container's termination message (the runtime writes the plan there, ending with "the model
+/// does not fit ...: it needs X more; ..."), from the running or the last terminated state.
+pub fn memory_refusal(pod: &Pod) -> Option<String> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    statuses.iter().find_map(|c| {
+        let states = [c.state.as_ref(), c.last_state.as_ref()];
+        states.into_iter().flatten().find_map(|state| {
+            let message = state.terminated.as_ref()?.message.as_deref()?;
+            message
+                .lines()
+                .rev()
+                .map(str::trim)
+                .find(|l| l.starts_with("the model does not fit"))
+                .map(str::to_string)
+        })
+    })
 }
 
 /// Whether `node` shows a spot interruption signal.
@@ -102,6 +124,9 @@ pub fn observe_pool<'a>(
         }
         let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
         let deleting = pod.metadata.deletion_timestamp.is_some();
+        if !deleting && out.memory_refusal.is_none() {
+            out.memory_refusal = memory_refusal(pod);
+        }
         let Some(node_name) = bound else {
             if !deleting {
                 let created = pod
@@ -304,5 +329,48 @@ mod tests {
         )));
         assert!(!node_interrupted(&node(Some("nvidia.com/gpu"), None)));
         assert!(!node_interrupted(&Node::default()));
+    }
+
+    /// A pod whose container last ended with `message` (restarting, as in CrashLoopBackOff).
+    fn crashed_with(message: &str) -> Pod {
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated};
+        let mut p = pod(Some("ok"), false, 100);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "runtime".into(),
+            restart_count: 3,
+            last_state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: 1,
+                    message: Some(message.into()),
+                    ..ContainerStateTerminated::default()
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        }]);
+        p
+    }
+
+    #[test]
+    fn a_worker_that_does_not_fit_its_device_is_reported_with_its_verdict() {
+        let plan = "memory plan: Meta-Llama-3-8B-Instruct (llama, 32 layers) on cuda:0\n  \
+                    total          22.47 GiB\n  available      22.00 GiB  (NVIDIA L4: free of 22.49 GiB)\n\
+                    the model does not fit cuda:0: it needs 482.0 MiB more; lower --kv-cache-memory to at most 7.53 GiB (61672 tokens), or choose a smaller quantisation or device";
+        let refused = crashed_with(plan);
+        assert_eq!(
+            memory_refusal(&refused).as_deref(),
+            Some(
+                "the model does not fit cuda:0: it needs 482.0 MiB more; lower --kv-cache-memory to at most 7.53 GiB (61672 tokens), or choose a smaller quantisation or device"
+            )
+        );
+        // Other crashes are not a memory plan's verdict.
+        assert_eq!(memory_refusal(&crashed_with("sha256 mismatch")), None);
+        assert_eq!(memory_refusal(&pod(Some("ok"), true, 1)), None);
+        let nodes = HashMap::from([("ok", node(None, None))]);
+        let pool = observe_pool(&[pod(Some("ok"), true, 1), refused], |n| {
+            nodes.get(n).cloned()
+        });
+        assert!(pool.memory_refusal.unwrap().contains("does not fit cuda:0"));
+        assert_eq!(pool.capacity.ready, 1);
     }
 }

@@ -413,6 +413,10 @@ async fn tick(
         on_demand,
         measured_cold_start,
     } = fleet;
+    let memory_refusal = spot
+        .memory_refusal
+        .clone()
+        .or_else(|| on_demand.memory_refusal.clone());
     // Before any API call, so a failing apply does not leave the gauge behind the pods.
     for (capacity, pool) in [
         (CapacityType::Spot, &spot),
@@ -538,6 +542,7 @@ async fn tick(
             generation,
             last_request: mem.last_request.map(to_time),
             degraded: (!degraded.is_empty()).then(|| degraded.join("; ")),
+            memory_refusal,
             now: to_time(now),
             measured_cold_start,
             time_constants: TimeConstants::of(scaling, model.spec.cold_start(measured_cold_start)),

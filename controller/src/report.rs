@@ -21,6 +21,9 @@ pub struct Tick<'a> {
     pub last_request: Option<Time>,
     /// A dependency (queue, ledger, API) failed this tick: its message.
     pub degraded: Option<String>,
+    /// A worker refused to start because the model does not fit its device: the memory
+    /// plan's verdict ([`crate::observe::memory_refusal`]).
+    pub memory_refusal: Option<String>,
     /// Now, for condition transition times.
     pub now: Time,
     /// The cold start measured on the Model's replicas (or kept from before).
@@ -79,21 +82,37 @@ fn carry_transitions(new: &mut [Condition], old: &[Condition]) {
 pub fn status(t: &Tick<'_>, previous: Option<&ModelStatus>) -> ModelStatus {
     let o = t.observed;
     let d = t.decision;
-    let phase = phase(o, d, t.degraded.is_some());
-    let ready_reason = match phase {
-        Phase::Ready => "Serving",
-        Phase::Starting => "Starting",
-        Phase::ScaledToZero => "ScaledToZero",
-        Phase::Degraded => "Degraded",
-    };
-    let ready_message = match &t.degraded {
-        Some(m) => m.clone(),
-        None => format!(
-            "{} of {} replicas ready ({})",
-            o.ready(),
-            d.spot + d.on_demand,
-            d.reason
+    // Workers that cannot fit their device will never become Ready: say so, with the plan's
+    // numbers, rather than `Starting` forever.
+    let refused = t.degraded.is_none() && o.ready() == 0;
+    let (phase, ready_reason, ready_message) = match (&t.memory_refusal, refused) {
+        (Some(verdict), true) => (
+            Phase::Degraded,
+            "DoesNotFit",
+            format!("a worker refused to start: {verdict}"),
         ),
+        (verdict, _) => {
+            let phase = phase(o, d, t.degraded.is_some());
+            let reason = match phase {
+                Phase::Ready => "Serving",
+                Phase::Starting => "Starting",
+                Phase::ScaledToZero => "ScaledToZero",
+                Phase::Degraded => "Degraded",
+            };
+            let mut message = match &t.degraded {
+                Some(m) => m.clone(),
+                None => format!(
+                    "{} of {} replicas ready ({})",
+                    o.ready(),
+                    d.spot + d.on_demand,
+                    d.reason
+                ),
+            };
+            if let Some(verdict) = verdict {
+                message.push_str(&format!("; a worker refused to start: {verdict}"));
+            }
+            (phase, reason, message)
+        }
     };
     let spot_ok = d.fallback == 0;
     let mut conditions = vec![

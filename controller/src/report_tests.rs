@@ -92,6 +92,7 @@ fn status_reports_per_capacity_and_keeps_transition_times() {
         generation: Some(4),
         last_request: Some(t(90)),
         degraded: None,
+        memory_refusal: None,
         now: t(100),
         measured_cold_start: Some(Duration::from_secs(75)),
         time_constants: constants(),
@@ -164,6 +165,7 @@ fn degraded_status_carries_the_message() {
             generation: Some(1),
             last_request: None,
             degraded: Some("prices not published: ledger down".into()),
+            memory_refusal: None,
             now: t(5),
             measured_cold_start: None,
             time_constants: constants(),
@@ -174,6 +176,56 @@ fn degraded_status_carries_the_message() {
     let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(ready.reason, "Degraded");
     assert!(ready.message.contains("ledger down"));
+}
+
+#[test]
+fn workers_that_do_not_fit_their_device_make_the_model_degraded_with_the_plans_verdict() {
+    let verdict = "the model does not fit cuda:0: it needs 482.0 MiB more; lower --kv-cache-memory to at most 7.53 GiB (61672 tokens), or choose a smaller quantisation or device";
+    let (o, d) = (observed(0, 0, 0), decision(0, 1, 0));
+    let tick = Tick {
+        observed: &o,
+        decision: &d,
+        generation: Some(1),
+        last_request: None,
+        degraded: None,
+        memory_refusal: Some(verdict.into()),
+        now: t(5),
+        measured_cold_start: None,
+        time_constants: constants(),
+    };
+    let s = status(&tick, None);
+    assert_eq!(s.phase, Phase::Degraded);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "DoesNotFit")
+    );
+    assert!(
+        ready
+            .message
+            .contains("lower --kv-cache-memory to at most 7.53 GiB"),
+        "{}",
+        ready.message
+    );
+    // With a replica serving, the Model is Ready and the message still names the refusal.
+    let serving = observed(0, 1, 0);
+    let s = status(
+        &Tick {
+            observed: &serving,
+            ..tick.clone()
+        },
+        None,
+    );
+    assert_eq!(s.phase, Phase::Ready);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "Serving");
+    assert!(
+        ready
+            .message
+            .contains("a worker refused to start: the model does not fit"),
+        "{}",
+        ready.message
+    );
 }
 
 #[test]

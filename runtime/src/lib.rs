@@ -4,6 +4,7 @@ pub mod engine;
 pub mod kv_cache;
 pub mod load;
 pub mod logprobs;
+pub mod memory;
 pub mod model;
 pub mod sampling;
 pub mod scheduler;

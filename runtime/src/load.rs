@@ -11,6 +11,7 @@ use std::time::Instant;
 use tidal_tokenizer::{ChatTemplate, ChatTemplateError, Tokenizer, TokenizerError};
 
 use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::memory::{self, gib, DoesNotFit, MemoryPlan};
 use crate::model::{Model, ModelError, ModelFile, QuantizeTo};
 use crate::server::LoadedModel;
 
@@ -37,6 +38,9 @@ pub enum LoadError {
     /// The engine refused the settings (e.g. a KV cache too small for one block).
     #[error("starting the engine: {0}")]
     Engine(#[from] EngineError),
+    /// The memory plan exceeds what the device has: nothing was loaded.
+    #[error("{0}")]
+    DoesNotFit(Box<DoesNotFit>),
 }
 
 /// A model running in an engine, ready for requests.
@@ -71,6 +75,7 @@ pub fn load_model(
         path: path.to_owned(),
         source,
     })?;
+    check_memory(&file, &config, quantize)?;
     let tokenizer = Tokenizer::from_gguf(file.content())?;
     let chat_template = match ChatTemplate::from_gguf(file.content()) {
         Ok(t) => Some(t),
@@ -93,4 +98,34 @@ pub fn load_model(
         chat_template,
         load_seconds,
     })
+}
+
+/// The memory plan of `file` with `config`, checked against `config.device_memory` or what
+/// the device has free: [`LoadError::DoesNotFit`] before anything is read or allocated. When
+/// the device cannot say (no `/proc/meminfo`, a build without CUDA) the load goes on
+/// unchecked, as it would without a plan.
+fn check_memory(
+    file: &ModelFile,
+    config: &EngineConfig,
+    quantize: Option<QuantizeTo>,
+) -> Result<(), LoadError> {
+    let plan = MemoryPlan::for_file(file, config, quantize).map_err(LoadError::Weights)?;
+    let available = match memory::available_for(config) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, total = %gib(plan.total()), "memory plan not checked");
+            return Ok(());
+        }
+    };
+    let spare = plan.check(&available).map_err(LoadError::DoesNotFit)?;
+    tracing::info!(
+        device = %config.device,
+        weights = %gib(plan.weights),
+        kv_cache = %gib(plan.kv_cache),
+        activations = %gib(plan.activations),
+        total = %gib(plan.total()),
+        spare = %gib(spare),
+        "memory plan fits"
+    );
+    Ok(())
 }

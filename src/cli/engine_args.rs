@@ -46,6 +46,22 @@ pub struct EngineArgs {
     /// Where the model runs: cpu, cuda or cuda:N (needs a build with `--features cuda`).
     #[arg(long, default_value = "cpu", env = "TIDAL_DEVICE")]
     pub device: Device,
+    /// Memory the model may take on its device, e.g. 22GiB (default: what the device has
+    /// free at load: the host's MemAvailable within the cgroup's limit, or the GPU's free
+    /// memory). A model whose memory plan (weights, KV cache, activations) exceeds it is
+    /// refused, with the numbers, before anything is loaded.
+    #[arg(long, env = "TIDAL_DEVICE_MEMORY", value_parser = parse_bytes)]
+    pub device_memory: Option<usize>,
+    /// Where a load that fails leaves its reason, when the file exists: Kubernetes creates
+    /// it in every container and shows it in the pod's status, where the controller reads a
+    /// memory plan's verdict (the Model's Ready condition becomes DoesNotFit).
+    #[arg(
+        long,
+        env = "TIDAL_TERMINATION_LOG",
+        default_value = "/dev/termination-log",
+        value_name = "PATH"
+    )]
+    pub termination_log: PathBuf,
     /// CPU matmul kernel: auto (the fastest this CPU has), amx, avx512-vnni, avx2-vnni, avx2,
     /// avx2-rows or portable; to compare kernels on one machine.
     #[arg(long, default_value = "auto", env = "TIDAL_CPU_KERNEL", value_parser = parse_cpu_kernel)]
@@ -84,6 +100,7 @@ impl EngineArgs {
             threads: self.threads,
             kv_cache_dtype: self.kv_cache_dtype,
             device: self.device,
+            device_memory: self.device_memory,
         }
     }
 
@@ -97,7 +114,24 @@ impl EngineArgs {
             "CPU matmul kernel"
         );
         load_model(&self.model, self.engine_config(), self.quantize)
+            .inspect_err(|e| self.leave_termination_message(&e.to_string()))
             .with_context(|| format!("loading {}", self.model.display()))
+    }
+
+    /// Writes `message` to `--termination-log` if that file exists (in a Kubernetes
+    /// container; never created here), at most the 4 KiB Kubernetes keeps.
+    fn leave_termination_message(&self, message: &str) {
+        if !self.termination_log.exists() {
+            return;
+        }
+        // The verdict is the last line: keep the end of a long message.
+        let start = message.len().saturating_sub(4096);
+        let start = (start..message.len())
+            .find(|&i| message.is_char_boundary(i))
+            .unwrap_or(message.len());
+        if let Err(e) = std::fs::write(&self.termination_log, &message[start..]) {
+            tracing::warn!(error = %e, path = %self.termination_log.display(), "writing the termination message failed");
+        }
     }
 }
 

@@ -11,6 +11,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
+use tidal_runtime::memory::{self, gib, MemoryPlan};
+use tidal_runtime::model::ModelFile;
 use tidal_runtime::server::{router, ServerState};
 use tidal_runtime::worker::{probe, ClaimBudget, SharedPrefix, Worker, WorkerConfig};
 use tokio::sync::watch;
@@ -28,6 +30,11 @@ pub struct RuntimeArgs {
     /// Name clients pass as `model` (default: the file name without `.gguf`).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// Print the memory plan (weights, KV cache, activations and their total against the
+    /// device's memory) from the file's header and exit: 0 when it fits, 1 when it does not.
+    /// Nothing is loaded or allocated.
+    #[arg(long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub worker: WorkerArgs,
 }
@@ -154,10 +161,44 @@ fn model_name(args: &RuntimeArgs) -> String {
 
 /// Runs the direct server, or the worker when `--queue` is given.
 pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
+    if args.dry_run {
+        return dry_run(&args.engine);
+    }
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     match args.worker.queue.clone() {
         Some(url) => runtime.block_on(run_worker(args, url)),
         None => runtime.block_on(serve(args)),
+    }
+}
+
+/// `--dry-run`: prints the memory plan and what it is checked against; an error (exit 1)
+/// when it does not fit or the device cannot say how much memory it has.
+fn dry_run(engine: &EngineArgs) -> anyhow::Result<()> {
+    let path = &engine.model;
+    let file = ModelFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let config = engine.engine_config();
+    let plan = MemoryPlan::for_file(&file, &config, engine.quantize)
+        .with_context(|| format!("planning {}", path.display()))?;
+    let available = match memory::available_for(&config) {
+        Ok(a) => a,
+        Err(e) => {
+            print!("{plan}");
+            return Err(e).context("the plan cannot be checked");
+        }
+    };
+    match plan.check(&available) {
+        Ok(spare) => {
+            println!("{plan}{available}\nfits, with {} to spare", gib(spare));
+            Ok(())
+        }
+        Err(does_not_fit) => {
+            println!("{does_not_fit}");
+            Err(anyhow::anyhow!(
+                "{} does not fit {}",
+                path.display(),
+                config.device
+            ))
+        }
     }
 }
 

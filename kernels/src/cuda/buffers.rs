@@ -17,7 +17,7 @@ pub enum GpuWeightFormat {
 
 /// The block types the GPU's matmul kernels read in place; every other type is uploaded as
 /// f16 ([`GpuMatrix::from_f32`]).
-pub const GPU_BLOCK_TYPES: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+pub const GPU_BLOCK_TYPES: [QuantType; 3] = QuantType::GPU_BLOCKS;
 
 /// A weight matrix `[rows, cols]` on the GPU (`y = x · Wᵀ`).
 pub struct GpuMatrix {

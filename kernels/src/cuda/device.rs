@@ -111,6 +111,18 @@ pub(crate) struct Functions {
     pub matmul_tiled_q8_0: CudaFunction,
 }
 
+/// Name, free and total bytes of GPU `ordinal`, without compiling the kernels: what the
+/// runtime's memory plan checks before it uploads anything. The free figure is taken after
+/// this process's context exists, so the context's own memory is already counted.
+pub fn device_memory(ordinal: usize) -> Result<(String, usize, usize), CudaError> {
+    if !driver_available() {
+        return Err(CudaError::NoDriver);
+    }
+    let ctx = CudaContext::new(ordinal)?;
+    let (free, total) = ctx.mem_get_info()?;
+    Ok((ctx.name()?, free, total))
+}
+
 /// One GPU: its context, the stream every operation is queued on, and the compiled kernels.
 /// Operations are asynchronous; [`Gpu::download`] and [`Gpu::synchronize`] wait.
 pub struct Gpu {

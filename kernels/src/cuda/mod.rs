@@ -20,7 +20,7 @@ mod tests;
 
 pub use buffers::{GpuKvBuffer, GpuMatrix, GpuWeightFormat, GPU_BLOCK_TYPES};
 pub use cudarc::driver::CudaSlice;
-pub use device::{compile_kernels, nvrtc_available, CudaError, Gpu};
+pub use device::{compile_kernels, device_memory, nvrtc_available, CudaError, Gpu};
 pub use ops::AttentionBatch;
 
 /// The CUDA C source of every kernel.

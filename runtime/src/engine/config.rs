@@ -19,6 +19,9 @@ pub struct EngineConfig {
     pub kv_cache_dtype: KvDtype,
     /// Where the forward pass runs (`--device`).
     pub device: Device,
+    /// Bytes the model may take on its device (`--device-memory`); `None`: what the device
+    /// has free now. The load's memory plan is checked against it.
+    pub device_memory: Option<usize>,
 }
 
 /// Where the engine runs the model (`--device cpu|cuda|cuda:N`).
@@ -68,6 +71,7 @@ impl Default for EngineConfig {
             threads: None,
             kv_cache_dtype: KvDtype::default(),
             device: Device::Cpu,
+            device_memory: None,
         }
     }
 }

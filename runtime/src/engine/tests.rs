@@ -74,6 +74,7 @@ fn start_engine(path: &Path, utf8: bool) -> Engine {
         threads: Some(1),
         kv_cache_dtype: Default::default(),
         device: Default::default(),
+        device_memory: None,
     };
     Engine::start(model, tokenizer, config).unwrap()
 }

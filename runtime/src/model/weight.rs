@@ -152,6 +152,21 @@ pub(crate) fn needs_fast_type(dtype: GgmlDType) -> bool {
         && !matches!(dtype, GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16)
 }
 
+/// The block type a matrix stored as `stored` has once loaded with `quantize`: what
+/// [`super::weights::ModelWeights::load`] makes of it, and what the memory plan counts.
+pub(crate) fn loaded_type(stored: GgmlDType, quantize: Option<QuantizeTo>) -> GgmlDType {
+    match quantize {
+        Some(q) => q.target().unwrap_or(stored),
+        None if needs_fast_type(stored) => GgmlDType::Q8_0,
+        None => stored,
+    }
+}
+
+/// Bytes of a `rows` × `cols` matrix in block type `dtype`.
+pub(crate) fn matrix_bytes(dtype: GgmlDType, rows: usize, cols: usize) -> usize {
+    rows * cols / dtype.block_size() * dtype.type_size()
+}
+
 impl std::str::FromStr for QuantizeTo {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -342,9 +357,17 @@ impl Weight {
 
     /// Re-quantises to another block type (owned memory); same-type requests are no-ops.
     pub fn requantize(self, to: QuantizeTo) -> Result<Self, ModelError> {
-        let Some(dtype) = to.target().filter(|&d| d != self.dtype) else {
+        match to.target() {
+            Some(dtype) => self.convert(dtype),
+            None => Ok(self),
+        }
+    }
+
+    /// Re-quantises to block type `dtype` (owned memory); a no-op when it is the stored type.
+    pub(crate) fn convert(self, dtype: GgmlDType) -> Result<Self, ModelError> {
+        if dtype == self.dtype {
             return Ok(self);
-        };
+        }
         if !self.cols.is_multiple_of(dtype.block_size()) {
             return Err(ModelError::Quantize(
                 dtype,

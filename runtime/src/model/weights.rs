@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use super::config::{Architecture, ModelConfig};
 use super::error::ModelError;
 use super::file::ModelFile;
-use super::weight::{needs_fast_type, QuantizeTo, Weight};
+use super::weight::{loaded_type, QuantizeTo, Weight};
 
 /// Weights of one transformer block (llama.cpp tensor names `blk.N.*`).
 pub(crate) struct LayerWeights {
@@ -59,17 +59,14 @@ impl ModelWeights {
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<Weight, ModelError> {
             let w = Weight::load(file, name)?;
             expect_shape(&w, rows, cols)?;
-            match quantize {
-                Some(q) => w.requantize(q),
-                None if needs_fast_type(w.dtype()) => {
-                    *made_fast
-                        .borrow_mut()
-                        .entry(format!("{:?}", w.dtype()))
-                        .or_default() += 1;
-                    w.requantize(QuantizeTo::Q8_0)
-                }
-                None => Ok(w),
+            let to = loaded_type(w.dtype(), quantize);
+            if quantize.is_none() && to != w.dtype() {
+                *made_fast
+                    .borrow_mut()
+                    .entry(format!("{:?}", w.dtype()))
+                    .or_default() += 1;
             }
+            w.convert(to)
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, ModelError> {
             let w = Weight::load(file, name)?;

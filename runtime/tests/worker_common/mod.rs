@@ -119,6 +119,7 @@ fn tiny_model_with(spec: &TinySpec, max_num_batched_tokens: usize) -> (TempDir, 
         threads: Some(1),
         kv_cache_dtype: Default::default(),
         device: Default::default(),
+        device_memory: None,
     };
     let loaded = load_model(&path, config, None).unwrap();
     (dir, Arc::new(loaded.into_model()))

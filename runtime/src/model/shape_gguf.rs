@@ -1,0 +1,200 @@
+//! GGUF files with a real model's shape and tensor types but no weights: the header of, say,
+//! Llama 3 8B in llama.cpp's Q4_K_M mix, and a data section of the right length that is never
+//! written (a sparse file: no disk space, nothing to download). What reads only the header (the
+//! memory plan, `tidal runtime --dry-run`) sees the real model; anything that reads a weight
+//! reads zeros.
+
+use std::io::Write;
+use std::path::Path;
+
+use candle_core::quantized::GgmlDType;
+
+/// The tensor types of a generated file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMix {
+    /// Every matrix in one type (norms f32).
+    Uniform(GgmlDType),
+    /// llama.cpp's Q4_K_M: Q6_K for `attn_v` and `ffn_down` in the first and last eighth of
+    /// the layers and every third layer between (`use_more_bits`), and for `output`; Q4_K
+    /// for every other matrix.
+    Q4KM,
+}
+
+impl QuantMix {
+    /// The type of tensor `name` in a model of `layers` layers.
+    pub fn type_of(self, name: &str, layers: usize) -> GgmlDType {
+        if name.ends_with("_norm.weight") {
+            return GgmlDType::F32;
+        }
+        match self {
+            QuantMix::Uniform(t) => t,
+            QuantMix::Q4KM => {
+                let eighth = layers / 8;
+                let more_bits =
+                    |i: usize| i < eighth || i >= 7 * layers / 8 || (i - eighth) % 3 == 2;
+                let layer = name
+                    .strip_prefix("blk.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|n| n.parse::<usize>().ok());
+                let wide = name == "output.weight"
+                    || ((name.contains(".attn_v.") || name.contains(".ffn_down."))
+                        && layer.is_some_and(more_bits));
+                if wide {
+                    GgmlDType::Q6K
+                } else {
+                    GgmlDType::Q4K
+                }
+            }
+        }
+    }
+}
+
+/// The shape of a llama-architecture model.
+#[derive(Debug, Clone)]
+pub struct ShapeSpec {
+    /// `general.name`.
+    pub name: String,
+    pub layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub vocab: usize,
+    pub context: usize,
+    /// No `output.weight`: the embedding is the output matrix.
+    pub tied_embeddings: bool,
+    pub mix: QuantMix,
+}
+
+impl ShapeSpec {
+    /// Meta Llama 3 8B (GQA 32/8, 128,256 tokens) in `mix`.
+    pub fn llama3_8b(mix: QuantMix) -> Self {
+        Self {
+            name: "Meta-Llama-3-8B-Instruct".into(),
+            layers: 32,
+            hidden: 4096,
+            ffn: 14336,
+            heads: 32,
+            kv_heads: 8,
+            vocab: 128_256,
+            context: 8192,
+            tied_embeddings: false,
+            mix,
+        }
+    }
+
+    /// Every tensor the forward pass reads: (name, dims in GGUF order (columns first), type).
+    fn tensors(&self) -> Vec<(String, Vec<u64>, GgmlDType)> {
+        let (d, f) = (self.hidden as u64, self.ffn as u64);
+        let head_dim = d / self.heads as u64;
+        let (q, kv) = (
+            self.heads as u64 * head_dim,
+            self.kv_heads as u64 * head_dim,
+        );
+        let mut names: Vec<(String, Vec<u64>)> =
+            vec![("token_embd.weight".into(), vec![d, self.vocab as u64])];
+        for i in 0..self.layers {
+            let p = |t: &str| format!("blk.{i}.{t}.weight");
+            names.extend([
+                (p("attn_norm"), vec![d]),
+                (p("attn_q"), vec![d, q]),
+                (p("attn_k"), vec![d, kv]),
+                (p("attn_v"), vec![d, kv]),
+                (p("attn_output"), vec![q, d]),
+                (p("ffn_norm"), vec![d]),
+                (p("ffn_gate"), vec![d, f]),
+                (p("ffn_up"), vec![d, f]),
+                (p("ffn_down"), vec![f, d]),
+            ]);
+        }
+        names.push(("output_norm.weight".into(), vec![d]));
+        if !self.tied_embeddings {
+            names.push(("output.weight".into(), vec![d, self.vocab as u64]));
+        }
+        names
+            .into_iter()
+            .map(|(name, dims)| {
+                let t = self.mix.type_of(&name, self.layers);
+                (name, dims, t)
+            })
+            .collect()
+    }
+}
+
+/// GGUF's alignment of tensor data.
+const ALIGNMENT: u64 = 32;
+
+/// Writes `spec`'s header to `path` and sizes the file to hold every tensor, without writing
+/// the data (it reads as zeros).
+pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
+    let mut header = Vec::new();
+    let tensors = spec.tensors();
+    let arch = "llama";
+    let uints = [
+        ("context_length", spec.context),
+        ("embedding_length", spec.hidden),
+        ("block_count", spec.layers),
+        ("feed_forward_length", spec.ffn),
+        ("attention.head_count", spec.heads),
+        ("attention.head_count_kv", spec.kv_heads),
+        ("vocab_size", spec.vocab),
+    ];
+    header.extend(b"GGUF");
+    header.extend(3u32.to_le_bytes());
+    header.extend((tensors.len() as u64).to_le_bytes());
+    header.extend((2 + uints.len() as u64).to_le_bytes());
+    let string = |out: &mut Vec<u8>, s: &str| {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    };
+    const STRING: u32 = 8;
+    const UINT32: u32 = 4;
+    for (key, value) in [("general.architecture", arch), ("general.name", &spec.name)] {
+        string(&mut header, key);
+        header.extend(STRING.to_le_bytes());
+        string(&mut header, value);
+    }
+    for (key, value) in uints {
+        string(&mut header, &format!("{arch}.{key}"));
+        header.extend(UINT32.to_le_bytes());
+        header.extend((value as u32).to_le_bytes());
+    }
+    let mut offset = 0u64;
+    for (name, dims, dtype) in &tensors {
+        string(&mut header, name);
+        header.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            header.extend(d.to_le_bytes());
+        }
+        header.extend(ggml_type_id(*dtype).to_le_bytes());
+        header.extend(offset.to_le_bytes());
+        let elems: u64 = dims.iter().product();
+        let bytes = elems / dtype.block_size() as u64 * dtype.type_size() as u64;
+        offset = (offset + bytes).next_multiple_of(ALIGNMENT);
+    }
+    header.resize(header.len().next_multiple_of(ALIGNMENT as usize), 0);
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(&header)?;
+    file.set_len(header.len() as u64 + offset)
+}
+
+/// GGML's number for a tensor type (`enum ggml_type`).
+fn ggml_type_id(dtype: GgmlDType) -> u32 {
+    match dtype {
+        GgmlDType::F32 => 0,
+        GgmlDType::F16 => 1,
+        GgmlDType::Q4_0 => 2,
+        GgmlDType::Q4_1 => 3,
+        GgmlDType::Q5_0 => 6,
+        GgmlDType::Q5_1 => 7,
+        GgmlDType::Q8_0 => 8,
+        GgmlDType::Q8_1 => 9,
+        GgmlDType::Q2K => 10,
+        GgmlDType::Q3K => 11,
+        GgmlDType::Q4K => 12,
+        GgmlDType::Q5K => 13,
+        GgmlDType::Q6K => 14,
+        GgmlDType::Q8K => 15,
+        GgmlDType::BF16 => 30,
+    }
+}

@@ -107,6 +107,9 @@ pub fn worker_args(
     if let Some(q) = rt.quantisation {
         args.extend(["--quantize".into(), q.as_arg().into()]);
     }
+    if let Some(spec) = &rt.speculative {
+        args.extend(spec.args());
+    }
     args.extend(rt.extra_args.iter().cloned());
     args
 }

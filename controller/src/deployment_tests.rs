@@ -362,3 +362,25 @@ fn shared_prefixes_reach_the_worker_as_json_in_its_environment() {
     let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
     assert!(!args.iter().any(|a| a.contains("helpful")), "{args:?}");
 }
+
+#[test]
+fn speculative_decoding_reaches_the_worker_flags() {
+    let mut m = llama();
+    let src = m.spec.source().unwrap();
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    assert!(
+        !args.iter().any(|a| a == "--speculative"),
+        "off unless asked: {args:?}"
+    );
+    m.spec.runtime.speculative = serde_json::from_value(serde_json::json!({
+        "method": "ngram",
+        "numSpeculativeTokens": 3
+    }))
+    .unwrap();
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    let at = args.iter().position(|a| a == "--speculative").unwrap();
+    assert_eq!(
+        &args[at..at + 4],
+        ["--speculative", "ngram", "--num-speculative-tokens", "3"]
+    );
+}

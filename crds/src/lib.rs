@@ -14,7 +14,7 @@ pub use mapping::{ColdStart, InvalidSpec, Source, ASSUMED_COLD_START};
 pub use spec::{
     Capacity, CapacityMode, CapacityPool, Model, ModelSource, ModelSpec, Pricing, Quantisation,
     Resources, RuntimeSettings, ScaleDownHold, Scaling, ScheduledFloor, SecretKeyRef,
-    SharedPrefixSpec, StableAggregate, Weekday,
+    SharedPrefixSpec, SpeculativeMethodSpec, SpeculativeSpec, StableAggregate, Weekday,
 };
 pub use status::{CapacityStatus, ColdStartSource, ModelStatus, Phase, TimeConstants};
 

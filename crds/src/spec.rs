@@ -184,6 +184,10 @@ pub struct RuntimeSettings {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub shared_prefixes: Vec<SharedPrefixSpec>,
+    /// Speculative decoding (`--speculative`, `--num-speculative-tokens`); off when
+    /// omitted. The tokens served are the same either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeSpec>,
     /// Further arguments appended to the worker's command line.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
@@ -254,6 +258,44 @@ pub enum Quantisation {
     /// Half precision.
     #[serde(rename = "f16")]
     F16,
+}
+
+/// Speculative decoding of a Model's workers.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SpeculativeSpec {
+    /// How tokens are proposed.
+    pub method: SpeculativeMethodSpec,
+    /// Most tokens proposed for one sequence in one step (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 16))]
+    pub num_speculative_tokens: Option<u32>,
+}
+
+/// A speculative decoding proposer.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpeculativeMethodSpec {
+    /// One token per step.
+    #[serde(rename = "off")]
+    Off,
+    /// Prompt lookup: the continuation of the latest earlier occurrence of the last tokens.
+    #[serde(rename = "ngram")]
+    Ngram,
+}
+
+impl SpeculativeSpec {
+    /// The worker's flags.
+    pub fn args(&self) -> Vec<String> {
+        let method = match self.method {
+            SpeculativeMethodSpec::Off => "off",
+            SpeculativeMethodSpec::Ngram => "ngram",
+        };
+        let mut args = vec!["--speculative".to_owned(), method.to_owned()];
+        if let Some(k) = self.num_speculative_tokens {
+            args.extend(["--num-speculative-tokens".to_owned(), k.to_string()]);
+        }
+        args
+    }
 }
 
 impl Quantisation {

@@ -9,4 +9,5 @@ pub mod model;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod speculative;
 pub mod worker;

@@ -194,7 +194,7 @@ fn tiny_gemma3_matches_a_naive_forward() {
                 tokens: &prompt[start..end],
                 start_pos: start,
                 block_table: &table,
-                want_logits: end == prompt.len(),
+                num_logits: usize::from(end == prompt.len()),
             }],
         };
         got = model.forward(&batch, &mut kv).unwrap();

@@ -57,7 +57,7 @@ fn check_paths_agree(model: &Model) {
                     tokens: &prompt[start..start + len],
                     start_pos: start,
                     block_table: &table,
-                    want_logits: start + len == prompt.len(),
+                    num_logits: usize::from(start + len == prompt.len()),
                 }],
             };
             logits = model.forward(&batch, &mut kv).unwrap();
@@ -165,7 +165,7 @@ fn short_prompt_logits(model: &Model) -> Vec<f32> {
             tokens: &prompt,
             start_pos: 0,
             block_table: &table,
-            want_logits: true,
+            num_logits: 1,
         }],
     };
     let mut kv = KvStorage::new(model.config(), KvDtype::F32, 1, 16);

@@ -97,6 +97,9 @@ pub enum BenchCommand {
     /// The simulator's service profile of one replica (prefill and decode rates, cold start),
     /// measured on this runtime, as JSON for `tidal sim --service-profile`.
     Profile(super::bench_profile::ProfileArgs),
+    /// Tokens/s without and with speculative decoding, side by side, on a grounded and an
+    /// open-ended chat workload, with the acceptance rate.
+    Speculative(super::bench_speculative::SpeculativeArgs),
     /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
     /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
     /// memory budget holds per dtype.
@@ -300,6 +303,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         } => bench_worker(&engine, requests, prompt_tokens, generate, queue)?,
         BenchCommand::Perplexity(args) => perplexity(args)?,
         BenchCommand::Profile(args) => super::bench_profile::run(args)?,
+        BenchCommand::Speculative(args) => super::bench_speculative::run(args)?,
         BenchCommand::ScaleUp {
             engine,
             requests,

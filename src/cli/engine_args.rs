@@ -9,6 +9,7 @@ use tidal_kernels::DotKernel;
 use tidal_runtime::engine::{Device, EngineConfig};
 use tidal_runtime::load::{load_model, Loaded};
 use tidal_runtime::model::{KvDtype, QuantizeTo};
+use tidal_runtime::speculative::{SpeculativeConfig, SpeculativeMethod};
 
 /// Model and engine flags.
 #[derive(Args, Debug, Clone)]
@@ -62,6 +63,31 @@ pub struct EngineArgs {
         value_name = "PATH"
     )]
     pub termination_log: PathBuf,
+    /// Speculative decoding: off, or ngram (prompt lookup: propose the continuation of the
+    /// latest earlier occurrence of the last few tokens, verified in the same step as every
+    /// other sequence's work). The tokens are the same either way; ngram is faster on answers
+    /// that quote their prompt (summaries, extraction, code edits).
+    #[arg(long, default_value = "off", env = "TIDAL_SPECULATIVE")]
+    pub speculative: SpeculativeMethod,
+    /// Most tokens proposed for one sequence in one step; each sequence proposes fewer when
+    /// few of its proposals are accepted.
+    #[arg(long, default_value_t = 5, env = "TIDAL_NUM_SPECULATIVE_TOKENS")]
+    pub num_speculative_tokens: usize,
+    /// Speculation pauses while more sequences than this are running (the step is then no
+    /// longer bound by reading the weights).
+    #[arg(long, default_value_t = 8)]
+    pub speculative_max_running: usize,
+    /// Shortest suffix (in tokens) the ngram proposer looks up.
+    #[arg(long, default_value_t = 2)]
+    pub prompt_lookup_min: usize,
+    /// Longest suffix (in tokens) the ngram proposer looks up; longer matches win.
+    #[arg(long, default_value_t = 4)]
+    pub prompt_lookup_max: usize,
+    /// What one more verified token adds to a step, as a fraction of a one-token step: the
+    /// price each sequence's number of proposals is weighed against (`tidal bench
+    /// speculative` measures it).
+    #[arg(long, default_value_t = 0.35)]
+    pub speculative_verify_cost: f64,
     /// CPU matmul kernel: auto (the fastest this CPU has), amx, avx512-vnni, avx2-vnni, avx2,
     /// avx2-rows or portable; to compare kernels on one machine.
     #[arg(long, default_value = "auto", env = "TIDAL_CPU_KERNEL", value_parser = parse_cpu_kernel)]
@@ -101,11 +127,27 @@ impl EngineArgs {
             kv_cache_dtype: self.kv_cache_dtype,
             device: self.device,
             device_memory: self.device_memory,
+            speculative: self.speculative_config(),
+        }
+    }
+
+    /// Speculative decoding settings from the flags.
+    pub fn speculative_config(&self) -> SpeculativeConfig {
+        SpeculativeConfig {
+            method: self.speculative,
+            num_speculative_tokens: self.num_speculative_tokens,
+            ngram_min: self.prompt_lookup_min,
+            ngram_max: self.prompt_lookup_max,
+            max_running: self.speculative_max_running,
+            verify_cost: self.speculative_verify_cost,
         }
     }
 
     /// Maps the model, builds tokenizer and template, and starts the engine.
     pub fn load(&self) -> anyhow::Result<Loaded> {
+        self.speculative_config().validate().map_err(anyhow::Error::msg).context(
+            "speculative decoding settings (--prompt-lookup-min, --prompt-lookup-max, --speculative-verify-cost)",
+        )?;
         if let CpuKernel(Some(kernel)) = self.cpu_kernel {
             kernel.select().map_err(anyhow::Error::msg)?;
         }
@@ -224,6 +266,19 @@ mod tests {
             |args: &[&str]| Cli::try_parse_from([&["tidal", "--model", "m.gguf"], args].concat());
         let cli = parse(&[]).unwrap();
         assert_eq!(cli.engine.cpu_kernel, CpuKernel(None));
+        // The flags' defaults are the engine's.
+        let defaults = SpeculativeConfig {
+            method: SpeculativeMethod::Off,
+            ..SpeculativeConfig::default()
+        };
+        assert_eq!(cli.engine.speculative_config(), defaults);
+        let cli = parse(&["--speculative", "ngram", "--num-speculative-tokens", "3"]).unwrap();
+        let spec = cli.engine.speculative_config();
+        assert_eq!(
+            (spec.method, spec.num_speculative_tokens),
+            (SpeculativeMethod::Ngram, 3)
+        );
+        assert!(parse(&["--speculative", "medusa"]).is_err());
         let cli = parse(&["--cpu-kernel", "avx2"]).unwrap();
         assert_eq!(cli.engine.cpu_kernel, CpuKernel(Some(DotKernel::Avx2)));
         assert!(parse(&["--cpu-kernel", "sse9"]).is_err());

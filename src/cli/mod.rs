@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_profile;
+pub mod bench_speculative;
 pub mod billing;
 pub mod controller;
 pub mod crd;

@@ -3,6 +3,7 @@
 //! run, so compare figures taken side by side in the same run.
 
 mod perplexity;
+pub mod speculative;
 
 pub use perplexity::{kv_capacity, perplexity, KvCapacity, PerplexityOptions, PerplexityReport};
 

@@ -116,7 +116,7 @@ fn evaluate(
                         tokens: &chunk[pos..pos + 1],
                         start_pos: pos,
                         block_table: &table,
-                        want_logits: pos >= first_scored && pos + 1 < context,
+                        num_logits: usize::from(pos >= first_scored && pos + 1 < context),
                     })
                     .collect(),
             };
@@ -237,7 +237,7 @@ mod tests {
                         tokens: &chunk[pos..pos + 1],
                         start_pos: pos,
                         block_table: &table,
-                        want_logits: true,
+                        num_logits: 1,
                     }],
                 };
                 let logits = model.forward(&batch, &mut kv).unwrap();

@@ -1,4 +1,5 @@
 use crate::model::{KvDtype, ModelConfig};
+use crate::speculative::SpeculativeConfig;
 
 /// Engine settings (the `--kv-cache-memory`, `--max-num-seqs`, ... flags).
 #[derive(Debug, Clone)]
@@ -22,6 +23,8 @@ pub struct EngineConfig {
     /// Bytes the model may take on its device (`--device-memory`); `None`: what the device
     /// has free now. The load's memory plan is checked against it.
     pub device_memory: Option<usize>,
+    /// Speculative decoding (`--speculative`, `--num-speculative-tokens`).
+    pub speculative: SpeculativeConfig,
 }
 
 /// Where the engine runs the model (`--device cpu|cuda|cuda:N`).
@@ -72,6 +75,7 @@ impl Default for EngineConfig {
             kv_cache_dtype: KvDtype::default(),
             device: Device::Cpu,
             device_memory: None,
+            speculative: SpeculativeConfig::default(),
         }
     }
 }

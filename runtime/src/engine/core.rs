@@ -8,11 +8,12 @@ use tokio::sync::watch;
 use super::executor::Executor;
 use super::metrics::EngineMetrics;
 use super::prefill_rate::{prefill_tokens, PrefillRate};
-use super::request::FinishReason;
+use super::request::{FinishReason, TokenLogprob};
 use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats, SeqId};
+use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
+use crate::speculative::{NgramProposer, SpeculationStats, SpeculativeConfig, SpeculativeMethod};
 
 /// State owned by the engine thread.
 pub(crate) struct EngineCore {
@@ -23,6 +24,10 @@ pub(crate) struct EngineCore {
     metrics: EngineMetrics,
     shared_stats: watch::Sender<SchedulerStats>,
     prefill_rate: PrefillRate,
+    speculative: SpeculativeConfig,
+    /// The proposer, when speculative decoding is on.
+    proposer: Option<NgramProposer>,
+    speculation: SpeculationStats,
 }
 
 impl EngineCore {
@@ -50,6 +55,16 @@ impl EngineCore {
             metrics: EngineMetrics,
             shared_stats,
             prefill_rate: PrefillRate::default(),
+            speculative: config.speculative,
+            proposer: match config.speculative.method {
+                _ if !config.speculative.enabled() => None,
+                SpeculativeMethod::Off => None,
+                SpeculativeMethod::Ngram => Some(NgramProposer::new(
+                    config.speculative.ngram_min,
+                    config.speculative.ngram_max,
+                )),
+            },
+            speculation: SpeculationStats::default(),
         }
     }
 
@@ -72,6 +87,7 @@ impl EngineCore {
             }
             let stats = SchedulerStats {
                 prefill_tokens_per_s: self.prefill_rate.tokens_per_s(),
+                speculation: self.speculation,
                 ..self.scheduler.stats()
             };
             self.metrics.publish(&stats);
@@ -145,7 +161,7 @@ impl EngineCore {
                     tokens: &s.tokens,
                     start_pos: s.start_pos,
                     block_table: &s.block_table,
-                    want_logits: s.sample,
+                    num_logits: if s.sample { 1 + s.num_spec } else { 0 },
                 })
                 .collect(),
         };
@@ -170,24 +186,85 @@ impl EngineCore {
                 state.note_cached_tokens(s.cached_tokens);
             }
         }
-        let sampled = sample_rows(&mut self.seqs, &batch.seqs, &mut logits, vocab);
-        self.scheduler.append_sampled(&sampled);
+        let drawn = draw_tokens(&mut self.seqs, &batch.seqs, &mut logits, vocab);
+        self.record_speculation(&batch.seqs, &drawn);
+        let appended: Vec<(SeqId, Vec<u32>)> = drawn
+            .iter()
+            .map(|(id, tokens)| (*id, tokens.iter().map(|t| t.0).collect()))
+            .collect();
+        self.scheduler.append_tokens(&appended);
         let now = Instant::now();
-        for (id, token) in sampled {
-            let Some(state) = self.seqs.get_mut(&id) else {
-                continue;
-            };
-            self.metrics
-                .token_generated(state.latency_since_last(now), state.is_first_token());
-            match state.push_token(token, &self.tokenizer, context_length, now) {
-                StepOutcome::Continue => {}
-                StepOutcome::Finished(reason) => self.finish(id, reason),
+        for (id, tokens) in drawn {
+            for (token, logprob) in tokens {
+                let Some(state) = self.seqs.get_mut(&id) else {
+                    break;
+                };
+                self.metrics
+                    .token_generated(state.latency_since_last(now), state.is_first_token());
+                match state.push_token(token, logprob, &self.tokenizer, context_length, now) {
+                    StepOutcome::Continue => {}
+                    StepOutcome::Finished(reason) => {
+                        // Tokens drawn after a stop are never shown or counted.
+                        self.finish(id, reason);
+                        break;
+                    }
+                }
             }
         }
+        self.propose(context_length);
         let elapsed = started.elapsed();
         let prefill = prefill_tokens(batch.seqs.iter().map(|s| (s.tokens.len(), s.sample)));
         self.prefill_rate.record(batch.num_tokens, prefill, elapsed);
         self.metrics.step(batch.num_tokens, elapsed);
+    }
+
+    /// Counts this step's verifications.
+    fn record_speculation(&mut self, batch: &[ScheduledSeq], drawn: &[(SeqId, Drawn)]) {
+        let proposer = self.speculative.method.name();
+        let spec_of: HashMap<SeqId, usize> = batch
+            .iter()
+            .filter(|s| s.num_spec > 0)
+            .map(|s| (s.id, s.num_spec))
+            .collect();
+        for (id, tokens) in drawn {
+            if let Some(&proposed) = spec_of.get(id) {
+                let accepted = tokens.len() - 1;
+                self.speculation.record(proposed, accepted);
+                self.metrics.speculation(proposer, proposed, accepted);
+            }
+        }
+        if !spec_of.is_empty() {
+            self.metrics.speculation_totals(proposer, &self.speculation);
+        }
+    }
+
+    /// Offers each decoding sequence the proposal for its next step: as many tokens as its
+    /// recent acceptance pays for, none while the batch is large enough that verification
+    /// costs nearly what it saves.
+    fn propose(&mut self, context_length: usize) {
+        let Some(proposer) = self.proposer else {
+            return;
+        };
+        let cfg = self.speculative;
+        let speculate = self.scheduler.num_running() <= cfg.max_running;
+        for (&id, state) in &mut self.seqs {
+            if !speculate || !self.scheduler.is_decoding(id) {
+                continue;
+            }
+            // The last proposal must leave room for the target's own token.
+            let room = state.context_room(context_length).saturating_sub(1);
+            let k = state
+                .acceptance()
+                .num_tokens(cfg.num_speculative_tokens, cfg.verify_cost)
+                .min(room);
+            let proposal = match (k, self.scheduler.sequence_tokens(id)) {
+                (0, _) | (_, None) => Vec::new(),
+                (k, Some(tokens)) => proposer.propose(tokens, k),
+            };
+            if proposal.is_empty() || self.scheduler.propose(id, proposal) == 0 {
+                state.acceptance().idle();
+            }
+        }
     }
 
     fn finish(&mut self, id: SeqId, reason: FinishReason) {
@@ -198,36 +275,46 @@ impl EngineCore {
     }
 }
 
-/// Samples the next token of every sequence of the step that asked for one, from its row of
-/// `logits` (one row per such sequence, in batch order), in batch order. The sequences are
-/// independent (each sampler is keyed by its own seed and position), so a step with several
-/// samples them in parallel: serial, sampling 16 rows of a 49k vocabulary left the other
-/// core idle for a noticeable share of a batched decode step.
-fn sample_rows(
+/// What one sequence drew in a step: its tokens to append, each with its log-probability
+/// when asked for.
+type Drawn = Vec<(u32, Option<TokenLogprob>)>;
+
+/// Draws the tokens of every sequence of the step that asked for them, from its rows of
+/// `logits` (`1 + num_spec` rows per such sequence, in batch order), in batch order. The
+/// sequences are independent (each sampler is keyed by its own seed and position), so a step
+/// with several draws them in parallel: serial, sampling 16 rows of a 49k vocabulary left
+/// the other core idle for a noticeable share of a batched decode step.
+fn draw_tokens(
     seqs: &mut HashMap<SeqId, SeqState>,
-    batch: &[crate::scheduler::ScheduledSeq],
+    batch: &[ScheduledSeq],
     logits: &mut [f32],
     vocab: usize,
-) -> Vec<(SeqId, u32)> {
+) -> Vec<(SeqId, Drawn)> {
     use rayon::prelude::*;
-    let row_of: HashMap<SeqId, usize> = batch
-        .iter()
-        .filter(|s| s.sample)
-        .enumerate()
-        .map(|(row, s)| (s.id, row))
-        .collect();
-    let mut rows: Vec<Option<&mut [f32]>> = logits.chunks_exact_mut(vocab).map(Some).collect();
-    let mut work: Vec<(usize, SeqId, &mut SeqState, &mut [f32])> = seqs
+    // (batch order, rows, proposals) of each sequence that samples.
+    let mut rows_of: HashMap<SeqId, (usize, &mut [f32], &[u32])> = HashMap::new();
+    let mut rest = logits;
+    for (order, s) in batch.iter().filter(|s| s.sample).enumerate() {
+        let n = (1 + s.num_spec) * vocab;
+        if rest.len() < n {
+            tracing::error!(seq = s.id, "the model returned fewer logits than asked for");
+            break;
+        }
+        let (rows, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        let drafts = &s.tokens[s.tokens.len() - s.num_spec..];
+        rows_of.insert(s.id, (order, rows, drafts));
+    }
+    let mut work: Vec<_> = seqs
         .iter_mut()
         .filter_map(|(&id, state)| {
-            let row = *row_of.get(&id)?;
-            let logits = rows.get_mut(row)?.take()?;
-            Some((row, id, state, logits))
+            let (order, rows, drafts) = rows_of.remove(&id)?;
+            Some((order, id, state, rows, drafts))
         })
         .collect();
     work.sort_unstable_by_key(|w| w.0);
-    // One row runs inline on this (pool) thread: no hand-off.
+    // One sequence runs inline on this (pool) thread: no hand-off.
     work.into_par_iter()
-        .map(|(_, id, state, row)| (id, state.sample(row)))
+        .map(|(_, id, state, rows, drafts)| (id, state.draw(rows, drafts)))
         .collect()
 }

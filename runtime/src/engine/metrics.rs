@@ -3,6 +3,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 
 use crate::scheduler::SchedulerStats;
+use crate::speculative::SpeculationStats;
 
 /// Prometheus metrics of the engine (names follow vLLM's, with the `tidal_` prefix).
 pub(crate) struct EngineMetrics;
@@ -24,6 +25,24 @@ impl EngineMetrics {
     pub fn step(&self, tokens: usize, elapsed: Duration) {
         histogram!("tidal_step_duration_seconds").record(elapsed.as_secs_f64());
         histogram!("tidal_step_tokens").record(tokens as f64);
+    }
+
+    /// One verification of `proposed` tokens of which `accepted` were kept (vLLM's
+    /// `spec_decode` counters, per proposer).
+    pub fn speculation(&self, proposer: &'static str, proposed: usize, accepted: usize) {
+        counter!("tidal_spec_decode_num_drafts_total", "proposer" => proposer).increment(1);
+        counter!("tidal_spec_decode_num_draft_tokens_total", "proposer" => proposer)
+            .increment(proposed as u64);
+        counter!("tidal_spec_decode_num_accepted_tokens_total", "proposer" => proposer)
+            .increment(accepted as u64);
+    }
+
+    /// The acceptance rate and mean accepted length since the engine started.
+    pub fn speculation_totals(&self, proposer: &'static str, totals: &SpeculationStats) {
+        gauge!("tidal_spec_decode_acceptance_rate", "proposer" => proposer)
+            .set(totals.acceptance_rate());
+        gauge!("tidal_spec_decode_mean_accepted_length", "proposer" => proposer)
+            .set(totals.mean_accepted_length());
     }
 
     /// Mirrors the scheduler's state into gauges and monotonic counters.

@@ -10,6 +10,7 @@ use super::request::{
     FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
 };
 use crate::sampling::Sampler;
+use crate::speculative::{verify, Acceptance};
 
 /// What a new token did to its sequence.
 pub(crate) enum StepOutcome {
@@ -34,7 +35,8 @@ pub(crate) struct SeqState {
     arrived: Instant,
     pending_ids: Vec<u32>,
     pending_logprobs: Vec<TokenLogprob>,
-    last_logprob: Option<TokenLogprob>,
+    /// Recent acceptance of this sequence's proposals (speculative decoding).
+    acceptance: Acceptance,
     /// Bytes of upcoming text the client already has (see [`TextSplice`]).
     splice: TextSplice,
 }
@@ -108,7 +110,7 @@ impl SeqState {
             arrived: Instant::now(),
             pending_ids: Vec::new(),
             pending_logprobs: Vec::new(),
-            last_logprob: None,
+            acceptance: Acceptance::new(),
             splice: TextSplice::default(),
         }
     }
@@ -177,15 +179,42 @@ impl SeqState {
         self.cached_tokens.get_or_insert(cached);
     }
 
-    /// Samples the next token from this sequence's logits row.
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        let token = self.sampler.sample(logits, &self.prompt, &self.generated);
-        self.last_logprob = self.want_logprobs.then(|| TokenLogprob {
-            token: token.id,
-            logprob: token.logprob,
-            top: token.top_logprobs.clone(),
+    /// Draws this step's tokens from its logits: one row for a plain decode, or one row per
+    /// position of `drafts` plus one, to verify them ([`verify`]). Returns the tokens to
+    /// append (the accepted drafts and the target's own token), each with its log-probability
+    /// when the request asked for them. Nothing is appended yet: see [`Self::push_token`].
+    pub fn draw(&mut self, logits: &mut [f32], drafts: &[u32]) -> Vec<(u32, Option<TokenLogprob>)> {
+        let vocab = logits.len() / (drafts.len() + 1);
+        let generated_before = self.generated.len();
+        let want_logprobs = self.want_logprobs;
+        let (sampler, prompt, history) = (&mut self.sampler, &self.prompt, &mut self.generated);
+        let drawn = verify(drafts, |i| {
+            let row = &mut logits[i * vocab..(i + 1) * vocab];
+            let token = sampler.sample(row, prompt, history);
+            // Penalties of the next position see this token as generated.
+            history.push(token.id);
+            let logprob = want_logprobs.then_some(TokenLogprob {
+                token: token.id,
+                logprob: token.logprob,
+                top: token.top_logprobs,
+            });
+            (token.id, logprob)
         });
-        token.id
+        self.generated.truncate(generated_before);
+        if !drafts.is_empty() {
+            self.acceptance.record(drafts.len(), drawn.len() - 1);
+        }
+        drawn
+    }
+
+    /// This sequence's recent acceptance of proposals.
+    pub fn acceptance(&mut self) -> &mut Acceptance {
+        &mut self.acceptance
+    }
+
+    /// Tokens before the context window is full.
+    pub fn context_room(&self, context_length: usize) -> usize {
+        context_length.saturating_sub(self.prompt.len() + self.generated.len())
     }
 
     /// Whether no token has been produced yet.
@@ -198,10 +227,12 @@ impl SeqState {
         now.duration_since(self.last_token_at.unwrap_or(self.arrived))
     }
 
-    /// Appends a sampled token, streams any text it completes, and decides whether to stop.
+    /// Appends a sampled token (with its log-probability, if asked for), streams any text it
+    /// completes, and decides whether to stop.
     pub fn push_token(
         &mut self,
         token: u32,
+        logprob: Option<TokenLogprob>,
         tokenizer: &Tokenizer,
         context_length: usize,
         now: Instant,
@@ -214,7 +245,7 @@ impl SeqState {
             return StepOutcome::Finished(FinishReason::Stop);
         }
         self.pending_ids.push(token);
-        if let Some(lp) = self.last_logprob.take() {
+        if let Some(lp) = logprob {
             self.pending_logprobs.push(lp);
         }
         let piece = self.decoder.push(tokenizer, token);

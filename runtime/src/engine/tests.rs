@@ -75,6 +75,7 @@ fn start_engine(path: &Path, utf8: bool) -> Engine {
         kv_cache_dtype: Default::default(),
         device: Default::default(),
         device_memory: None,
+        speculative: Default::default(),
     };
     Engine::start(model, tokenizer, config).unwrap()
 }

@@ -224,6 +224,21 @@ impl KvCacheManager {
         Ok(())
     }
 
+    /// Shrinks `seq`'s table to the blocks covering `num_tokens` positions, releasing the
+    /// rest (the blocks of rejected speculative tokens). Blocks already offered to the prefix
+    /// cache are never released this way: they hold computed positions below `num_tokens`.
+    pub fn truncate(&mut self, seq: SeqId, num_tokens: usize) {
+        let keep = self.blocks_for(num_tokens);
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let keep = keep.max(s.num_committed_blocks);
+        if s.table.len() > keep {
+            let tail: Vec<u32> = s.table.drain(keep..).rev().collect();
+            self.pool.release(tail);
+        }
+    }
+
     /// Records that `seq`'s first `num_computed` positions now hold computed KV, and enters
     /// every newly completed full block into the prefix cache. `tokens` and `hashes` are the
     /// sequence's known tokens and the hash chain of their full blocks in `scope`.

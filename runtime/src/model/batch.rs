@@ -13,8 +13,8 @@ pub(crate) struct BatchLayout {
     pub slots: Vec<usize>,
     /// Index of each token's sequence in the batch.
     pub token_seq: Vec<usize>,
-    /// Rows whose hidden state becomes logits (the last token of each sequence that wants
-    /// them), in batch order.
+    /// Rows whose hidden state becomes logits (the last `num_logits` tokens of each
+    /// sequence), in batch and position order.
     pub logit_rows: Vec<usize>,
 }
 
@@ -51,9 +51,9 @@ impl BatchLayout {
                 layout.slots.push(block * block_size + pos % block_size);
                 layout.token_seq.push(s);
             }
-            if seq.want_logits && !seq.tokens.is_empty() {
-                layout.logit_rows.push(layout.positions.len() - 1);
-            }
+            let end = layout.positions.len();
+            let rows = seq.num_logits.min(seq.tokens.len());
+            layout.logit_rows.extend(end - rows..end);
         }
         Ok(layout)
     }

@@ -184,7 +184,8 @@ impl CudaModel {
     }
 
     /// Runs the batch as [`Model::forward`] does, writing K/V into the GPU cache, and returns
-    /// logits `[r, vocab]` for the sequences with `want_logits`, in batch order.
+    /// logits `[r, vocab]`: the rows each sequence's `num_logits` asks for, in batch and
+    /// position order.
     pub fn forward(&mut self, batch: &ForwardBatch<'_>) -> Result<Vec<f32>, ModelError> {
         // Fields borrowed apart: the host model is read while the layers' caches are written.
         let c = self.host.config();

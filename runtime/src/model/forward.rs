@@ -22,8 +22,9 @@ pub struct ForwardSeq<'a> {
     pub start_pos: usize,
     /// Physical KV blocks covering positions `0..start_pos + tokens.len()`.
     pub block_table: &'a [u32],
-    /// Whether to return logits for the last token.
-    pub want_logits: bool,
+    /// Logits to return: of the last `num_logits` tokens (0: none; 1: the next token's;
+    /// more to verify speculative tokens, one row per position).
+    pub num_logits: usize,
 }
 
 /// A flat batch of tokens from many sequences.
@@ -104,8 +105,8 @@ impl Model {
         &self.rope
     }
 
-    /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, one row
-    /// per sequence with `want_logits`, in batch order.
+    /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, the rows
+    /// each sequence's `num_logits` asks for, in batch and position order.
     pub fn forward(
         &self,
         batch: &ForwardBatch<'_>,

@@ -16,6 +16,9 @@ pub struct ScheduledSeq {
     pub block_table: Vec<u32>,
     /// This chunk ends at the last known token: sample one token from its logits.
     pub sample: bool,
+    /// Proposed tokens at the end of `tokens` (after the last known token), to verify from
+    /// the logits of the positions before each; 0 for a plain decode or a prefill chunk.
+    pub num_spec: usize,
     /// Prompt tokens served from the prefix cache at first admission (for usage reporting;
     /// recomputation after a preemption does not change it).
     pub cached_tokens: usize,

@@ -15,6 +15,11 @@
 //! `append_sampled` is also what tells the scheduler the batch's KV is now written, so blocks
 //! become shareable through the prefix cache only once computed.
 //!
+//! Speculative decoding: a decoding sequence may carry a proposal ([`Scheduler::propose`]),
+//! scheduled after its decode token and verified from the same step's logits;
+//! [`Scheduler::append_tokens`] takes the tokens kept and rolls back the rejected positions
+//! (their blocks freed, never cached), as vLLM v1 does with `spec_token_ids`.
+//!
 //! Pure logic: no I/O, no threads, no clock.
 
 mod batch;
@@ -24,6 +29,8 @@ mod error;
 mod scheduler;
 mod sequence;
 pub mod sim;
+#[cfg(test)]
+mod speculation_tests;
 
 pub use batch::{ScheduledBatch, ScheduledSeq};
 pub use config::SchedulerConfig;

@@ -6,6 +6,7 @@ use super::batch::{ScheduledBatch, ScheduledSeq};
 use super::sequence::{Sequence, Status};
 use super::{SchedulerConfig, SchedulerError, SeqId};
 use crate::kv_cache::{CacheScope, KvCacheConfig, KvCacheError, KvCacheManager};
+use crate::speculative::SpeculationStats;
 
 /// Counters the engine exports as metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -39,6 +40,8 @@ pub struct SchedulerStats {
     /// its steps that were mostly prompt work (step tokens over step time). 0 before the
     /// first prefill step; set by the engine, the scheduler leaves it 0.
     pub prefill_tokens_per_s: f64,
+    /// Speculative decoding's totals since the engine started; set by the engine.
+    pub speculation: SpeculationStats,
 }
 
 /// Continuous-batching scheduler over a paged KV cache; see the module docs.
@@ -152,17 +155,22 @@ impl Scheduler {
         // The engine skipped `append_sampled`: the batch still ran, so commit it now.
         self.commit_uncommitted();
         let mut budget = self.cfg.max_num_batched_tokens;
-        // (id, start position, token count)
-        let mut planned: Vec<(SeqId, usize, usize)> = Vec::new();
+        // (id, start position, token count, of which proposals)
+        let mut planned: Vec<(SeqId, usize, usize, usize)> = Vec::new();
         let mut preempted = false;
 
         // 1. Running sequences, oldest first: a decode token or the next prefill chunk.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
-            let (start, n) = match self.seqs.get(&id) {
-                Some(s) => (s.num_computed, s.num_pending().min(budget)),
-                None => (0, 0),
+            let (start, n, spec) = match self.seqs.get(&id) {
+                // A decode with proposals verifies as many as the budget leaves room for.
+                Some(s) if s.is_decoding() && !s.proposal.is_empty() => {
+                    let spec = s.proposal.len().min(budget - 1);
+                    (s.num_computed, 1 + spec, spec)
+                }
+                Some(s) => (s.num_computed, s.num_pending().min(budget), 0),
+                None => (0, 0, 0),
             };
             if n == 0 {
                 // Awaiting its sampled token (or complete): nothing to run.
@@ -199,7 +207,7 @@ impl Scheduler {
             // Unscheduled means it left the running queue (preempted itself, so nothing
             // follows it, or was reset): index `i` already points past it.
             if scheduled {
-                planned.push((id, start, n));
+                planned.push((id, start, n, spec));
                 budget -= n;
                 i += 1;
             }
@@ -239,29 +247,37 @@ impl Scheduler {
                     seq.cached_tokens.get_or_insert(hit.num_tokens);
                 }
                 self.running.push(id);
-                planned.push((id, hit.num_tokens, n));
+                planned.push((id, hit.num_tokens, n, 0));
                 budget -= n;
             }
         }
 
         // 3. Advance the computed counts (vLLM's `_update_after_schedule`) and emit the batch.
         let mut batch = ScheduledBatch::default();
-        for (id, start, n) in planned {
+        for (id, start, n, spec) in planned {
             let Some(seq) = self.seqs.get_mut(&id) else {
                 continue;
             };
+            let known = n - spec;
+            let mut tokens = seq.tokens[start..start + known].to_vec();
+            if spec > 0 {
+                seq.verifying = seq.proposal.drain(..spec).collect();
+                seq.proposal.clear();
+                tokens.extend_from_slice(&seq.verifying);
+            }
             seq.num_computed = start + n;
             batch.num_tokens += n;
             batch.seqs.push(ScheduledSeq {
                 id,
-                tokens: seq.tokens[start..start + n].to_vec(),
+                tokens,
                 start_pos: start,
                 block_table: self
                     .kv
                     .block_table(id)
                     .map(<[u32]>::to_vec)
                     .unwrap_or_default(),
-                sample: start + n == seq.tokens.len(),
+                sample: start + known == seq.tokens.len(),
+                num_spec: spec,
                 cached_tokens: seq.cached_tokens.unwrap_or(0),
             });
             self.uncommitted.push(id);
@@ -274,20 +290,47 @@ impl Scheduler {
     /// sequence whose scheduled chunk reached its last known token; anything else is logged
     /// and ignored. A sequence reaching `max_new_tokens` stops running and frees its blocks.
     pub fn append_sampled(&mut self, sampled: &[(SeqId, u32)]) {
+        let tokens: Vec<(SeqId, Vec<u32>)> = sampled.iter().map(|&(id, t)| (id, vec![t])).collect();
+        self.append_tokens(&tokens);
+    }
+
+    /// [`Self::append_sampled`] for steps that verified proposals: each sequence gets the
+    /// tokens the engine kept, the accepted proposals then the target's own token. Tokens
+    /// that do not extend the verified proposals are cut after the first that differs (it
+    /// is the correction), and no sequence grows past `max_new_tokens`. The positions of
+    /// rejected proposals stop counting as computed and their blocks go back to the pool;
+    /// the blocks now full of accepted tokens enter the prefix cache.
+    pub fn append_tokens(&mut self, appended: &[(SeqId, Vec<u32>)]) {
         self.commit_uncommitted();
-        for &(id, token) in sampled {
+        for (id, new_tokens) in appended {
+            let id = *id;
             let Some(seq) = self.seqs.get_mut(&id) else {
                 tracing::warn!(seq = id, "sampled token for an unknown sequence ignored");
                 continue;
             };
-            if seq.status != Status::Running || seq.num_pending() != 0 || seq.is_complete() {
+            let verifying = std::mem::take(&mut seq.verifying);
+            let awaiting = seq.status == Status::Running
+                && seq.num_computed == seq.tokens.len() + verifying.len()
+                && !seq.is_complete();
+            if !awaiting || new_tokens.is_empty() {
                 tracing::warn!(
                     seq = id,
                     "sampled token for a sequence not awaiting one ignored"
                 );
                 continue;
             }
-            seq.tokens.push(token);
+            let accepted = new_tokens
+                .iter()
+                .zip(&verifying)
+                .take_while(|(t, v)| t == v)
+                .count();
+            let room = seq.max_new_tokens - seq.num_generated();
+            let keep = (accepted + 1).min(new_tokens.len()).min(room);
+            seq.tokens.extend_from_slice(&new_tokens[..keep]);
+            seq.proposal.clear();
+            // KV of position p was computed from token p: valid up to the last accepted
+            // proposal; the rejected ones are recomputed from the kept tokens.
+            seq.num_computed = seq.num_computed - verifying.len() + accepted.min(keep);
             if self.kv.prefix_caching() {
                 seq.update_hashes(self.cfg.block_size);
             }
@@ -295,8 +338,38 @@ impl Scheduler {
                 seq.status = Status::Done;
                 self.running.retain(|&r| r != id);
                 self.kv.free(id);
+            } else if !verifying.is_empty() {
+                self.kv.truncate(id, seq.num_computed);
+                self.kv.commit(
+                    id,
+                    &seq.tokens,
+                    &seq.block_hashes,
+                    seq.num_computed,
+                    &seq.cache_scope,
+                );
             }
         }
+    }
+
+    /// Offers `tokens` as the proposal of a decoding sequence for its next step, cut to what
+    /// it may still generate (a step yields one token beyond its proposals). Returns how
+    /// many were kept: 0 for a sequence that is not decoding (prefilling, waiting, unknown).
+    pub fn propose(&mut self, id: SeqId, mut tokens: Vec<u32>) -> usize {
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        if !seq.is_decoding() {
+            return 0;
+        }
+        let room = seq.max_new_tokens.saturating_sub(seq.num_generated() + 1);
+        tokens.truncate(room);
+        seq.proposal = tokens;
+        seq.proposal.len()
+    }
+
+    /// Whether `id` is decoding: prefilled, with only its last sampled token to run.
+    pub fn is_decoding(&self, id: SeqId) -> bool {
+        self.seqs.get(&id).is_some_and(Sequence::is_decoding)
     }
 
     /// Sequence ended (stop, length, abort/cancel): forgets it and frees its blocks; full
@@ -372,6 +445,7 @@ impl Scheduler {
                 .sum(),
             recent_prompt_tokens: self.recent_prompt_tokens,
             prefill_tokens_per_s: 0.0,
+            speculation: SpeculationStats::default(),
         }
     }
 
@@ -403,7 +477,7 @@ impl Scheduler {
                             s.num_computed
                         ));
                     }
-                    if s.num_computed > s.tokens.len() {
+                    if s.num_computed > s.tokens.len() + s.verifying.len() {
                         return Err(format!("sequence {id} computed past its tokens"));
                     }
                 }
@@ -434,6 +508,8 @@ impl Scheduler {
         };
         seq.num_computed = 0;
         seq.num_preemptions += 1;
+        seq.proposal.clear();
+        seq.verifying.clear();
         seq.status = Status::Waiting;
         self.waiting.push_front(id);
         tracing::debug!(seq = id, "preempted; will recompute");

@@ -30,6 +30,12 @@ pub(crate) struct Sequence {
     pub(crate) cached_tokens: Option<usize>,
     pub(crate) status: Status,
     pub(crate) num_preemptions: u32,
+    /// Proposed next tokens for the coming step (speculative decoding); cleared when
+    /// scheduled or preempted.
+    pub(crate) proposal: Vec<u32>,
+    /// The proposals in flight: scheduled after the last known token, KV being written,
+    /// awaiting verification.
+    pub(crate) verifying: Vec<u32>,
 }
 
 impl Sequence {
@@ -44,6 +50,8 @@ impl Sequence {
             cached_tokens: None,
             status: Status::Waiting,
             num_preemptions: 0,
+            proposal: Vec::new(),
+            verifying: Vec::new(),
         }
     }
 
@@ -59,6 +67,11 @@ impl Sequence {
     /// Known tokens whose KV is not yet scheduled.
     pub(crate) fn num_pending(&self) -> usize {
         self.tokens.len().saturating_sub(self.num_computed)
+    }
+
+    /// Decoding: only the last sampled token is still to run.
+    pub(crate) fn is_decoding(&self) -> bool {
+        self.status == Status::Running && self.num_pending() == 1 && self.verifying.is_empty()
     }
 
     pub(crate) fn update_hashes(&mut self, block_size: usize) {

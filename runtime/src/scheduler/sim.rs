@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 
 use super::{ScheduledBatch, Scheduler, SchedulerConfig, SchedulerError, SeqId};
 use crate::kv_cache::hash::fnv1a64;
+use crate::speculative::verify;
 
 /// Shape of a simulated workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +36,10 @@ pub struct Workload {
     pub cancel_per_mille: u32,
     /// Token ids are drawn from `0..vocab`.
     pub vocab: u32,
+    /// Chance, per mille, that a decoding sequence gets a proposal of 1 to 4 tokens for its
+    /// next step (speculative decoding); each proposed token is the stand-in model's with
+    /// chance 3/4, else random.
+    pub speculate_per_mille: u32,
     /// Seed of every random choice.
     pub seed: u64,
     /// Check the scheduler's invariants after every phase of every step (slow; for tests).
@@ -75,6 +80,8 @@ pub struct SimReport {
     pub prefix_cache_queries: u64,
     /// Prefix-cache tokens hit.
     pub prefix_cache_hits: u64,
+    /// Tokens proposed (speculative decoding).
+    pub proposed_tokens: u64,
 }
 
 /// Why a simulation stopped early.
@@ -218,23 +225,27 @@ pub fn run(
         report.max_step_tokens = report.max_step_tokens.max(batch.num_tokens);
         report.max_step_seqs = report.max_step_seqs.max(batch.seqs.len());
 
-        let sampled: Vec<(SeqId, u32)> = batch
+        // The stand-in model's tokens after the known ones, verifying any proposals.
+        let sampled: Vec<(SeqId, Vec<u32>)> = batch
             .seqs
             .iter()
             .filter(|q| q.sample)
             .map(|q| {
-                (
-                    q.id,
-                    model_token(w.seed, q.id, q.start_pos + q.tokens.len(), w.vocab),
-                )
+                let known = q.start_pos + q.tokens.len() - q.num_spec;
+                let drafts = &q.tokens[q.tokens.len() - q.num_spec..];
+                let drawn = verify(drafts, |i| {
+                    (model_token(w.seed, q.id, known + i, w.vocab), ())
+                });
+                (q.id, drawn.into_iter().map(|t| t.0).collect())
             })
             .collect();
-        sched.append_sampled(&sampled);
-        report.sampled_tokens += sampled.len() as u64;
+        sched.append_tokens(&sampled);
+        report.sampled_tokens += sampled.iter().map(|s| s.1.len() as u64).sum::<u64>();
         check(&sched, step)?;
 
         // The engine's stop checks: length limit, EOS, client cancellation.
-        for &(id, _) in &sampled {
+        for (id, _) in &sampled {
+            let id = *id;
             let done = sched.generated_tokens(id).map_or(0, <[u32]>::len);
             let limit = limits.get(&id).copied().unwrap_or(0);
             if done >= limit || rng.random_range(0..1000) < w.stop_per_mille {
@@ -250,6 +261,21 @@ pub fn run(
                     sched.finish(q.id);
                     report.cancelled += 1;
                 }
+            }
+        }
+        if w.speculate_per_mille > 0 {
+            for q in &batch.seqs {
+                if !sched.is_decoding(q.id) || rng.random_range(0..1000) >= w.speculate_per_mille {
+                    continue;
+                }
+                let known = sched.sequence_tokens(q.id).map_or(0, <[u32]>::len);
+                let proposal = (0..rng.random_range(1..=4))
+                    .map(|i| match rng.random_range(0..4) {
+                        0 => rng.random_range(0..w.vocab.max(1)),
+                        _ => model_token(w.seed, q.id, known + i, w.vocab),
+                    })
+                    .collect();
+                report.proposed_tokens += sched.propose(q.id, proposal) as u64;
             }
         }
         check(&sched, step)?;
@@ -277,8 +303,16 @@ mod tests {
             stop_per_mille: 30,
             cancel_per_mille: 5,
             vocab: 50,
+            speculate_per_mille: 0,
             seed,
             check_invariants: true,
+        }
+    }
+
+    fn speculative_workload(seed: u64) -> Workload {
+        Workload {
+            speculate_per_mille: 600,
+            ..workload(seed)
         }
     }
 
@@ -288,8 +322,9 @@ mod tests {
     struct ShadowKv {
         slots: Vec<Option<(u32, usize)>>,
         prompts: HashMap<SeqId, usize>,
-        /// Per sequence: where its next chunk must start, and preemptions seen so far.
-        progress: HashMap<SeqId, (usize, u32)>,
+        /// Per sequence: where its next chunk may start (after a verification, anywhere
+        /// from the first proposal to past the last), and preemptions seen so far.
+        progress: HashMap<SeqId, (RangeInclusive<usize>, u32)>,
         seed: u64,
         vocab: u32,
     }
@@ -303,12 +338,24 @@ mod tests {
                     .sequence_tokens(q.id)
                     .ok_or("scheduled an unknown sequence")?;
                 let end = q.start_pos + q.tokens.len();
-                if q.tokens.is_empty() || q.tokens[..] != known[q.start_pos..end] {
+                // Proposals follow the known tokens, at the end of a decode.
+                let known_end = end - q.num_spec;
+                let drafts = &q.tokens[q.tokens.len() - q.num_spec..];
+                if q.tokens.is_empty()
+                    || known_end > known.len()
+                    || q.tokens[..q.tokens.len() - q.num_spec] != known[q.start_pos..known_end]
+                {
                     return Err(format!("seq {}: chunk is not its known tokens", q.id));
                 }
-                if q.sample != (end == known.len()) {
+                if q.sample != (known_end == known.len()) || (q.num_spec > 0 && !q.sample) {
                     return Err(format!("seq {}: wrong sample flag", q.id));
                 }
+                let token_at = |p: usize| {
+                    known
+                        .get(p)
+                        .copied()
+                        .or_else(|| drafts.get(p.checked_sub(known_end)?).copied())
+                };
                 if s.kv_cache().block_table(q.id) != Some(&q.block_table[..])
                     || q.block_table.len() != end.div_ceil(bs)
                 {
@@ -321,20 +368,21 @@ mod tests {
                 // once, in order; only a preemption restarts, at a block boundary.
                 let preemptions = s.num_preemptions_of(q.id).unwrap_or(0);
                 // A first chunk starts after its prefix-cache hit.
+                // After a verification it continues after the last accepted proposal.
                 let (next, seen) = self
                     .progress
                     .get(&q.id)
-                    .copied()
-                    .unwrap_or((q.cached_tokens, 0));
+                    .cloned()
+                    .unwrap_or((q.cached_tokens..=q.cached_tokens, 0));
                 let restarted =
                     preemptions > seen && q.start_pos % bs == 0 && q.start_pos < known.len();
-                if q.start_pos != next && !restarted {
+                if !next.contains(&q.start_pos) && !restarted {
                     return Err(format!(
-                        "seq {}: chunk starts at {}, expected {next}",
+                        "seq {}: chunk starts at {}, expected {next:?}",
                         q.id, q.start_pos
                     ));
                 }
-                self.progress.insert(q.id, (end, preemptions));
+                self.progress.insert(q.id, (known_end..=end, preemptions));
                 let prompt_len = self.prompts[&q.id];
                 for (k, &t) in known[prompt_len..].iter().enumerate() {
                     if t != model_token(self.seed, q.id, prompt_len + k, self.vocab) {
@@ -344,7 +392,8 @@ mod tests {
                         ));
                     }
                 }
-                for (p, &token) in known.iter().enumerate().take(end).skip(q.start_pos) {
+                for p in q.start_pos..end {
+                    let token = token_at(p).ok_or("position past its tokens")?;
                     let block = q.block_table[p / bs];
                     if s.kv_cache().pool().ref_count(block) != 1 {
                         return Err(format!("seq {} writes shared block {block}", q.id));
@@ -358,7 +407,10 @@ mod tests {
             }
             for q in &b.seqs {
                 let known = s.sequence_tokens(q.id).ok_or("unknown")?;
-                for (p, &token) in known.iter().enumerate().take(q.start_pos + q.tokens.len()) {
+                let end = q.start_pos + q.tokens.len();
+                let drafts = &q.tokens[q.tokens.len() - q.num_spec..];
+                let all = known[..end - q.num_spec].iter().chain(drafts);
+                for (p, &token) in all.enumerate() {
                     let slot = q.block_table[p / bs] as usize * bs + p % bs;
                     if self.slots[slot] != Some((token, p)) {
                         return Err(format!("seq {} attends to wrong KV at position {p}", q.id));
@@ -451,14 +503,38 @@ mod tests {
         assert!(total.prefix_cache_hits > 0);
     }
 
+    /// The same with proposals at most decode steps, a quarter of their tokens wrong: every
+    /// position a sequence attends to holds its own accepted token (rejected proposals are
+    /// rewritten before they are read, and never reach another sequence through the prefix
+    /// cache), and the invariants (rejected blocks released) hold after every phase.
+    #[test]
+    fn randomised_speculative_workloads_keep_every_invariant() {
+        let mut total = SimReport::default();
+        for cfg in CONFIGS {
+            for seed in 0..12 {
+                let r = simulate(cfg, &speculative_workload(seed));
+                assert!(r.max_step_tokens <= cfg.max_num_batched_tokens);
+                total.num_preemptions += r.num_preemptions;
+                total.prefix_cache_hits += r.prefix_cache_hits;
+                total.proposed_tokens += r.proposed_tokens;
+            }
+        }
+        assert!(total.num_preemptions > 0);
+        assert!(total.prefix_cache_hits > 0);
+        assert!(total.proposed_tokens > 1000, "{}", total.proposed_tokens);
+    }
+
     #[test]
     fn without_early_stops_every_sequence_generates_exactly_its_limit() {
-        for cfg in CONFIGS {
+        for (cfg, w) in CONFIGS
+            .into_iter()
+            .flat_map(|c| [(c, workload(99)), (c, speculative_workload(99))])
+        {
             let w = Workload {
                 stop_per_mille: 0,
                 cancel_per_mille: 0,
                 arrivals_per_step: 0,
-                ..workload(99)
+                ..w
             };
             let capacity = cfg.num_blocks * cfg.block_size;
             let expected: u64 = w

@@ -120,6 +120,7 @@ fn tiny_model_with(spec: &TinySpec, max_num_batched_tokens: usize) -> (TempDir, 
         kv_cache_dtype: Default::default(),
         device: Default::default(),
         device_memory: None,
+        speculative: Default::default(),
     };
     let loaded = load_model(&path, config, None).unwrap();
     (dir, Arc::new(loaded.into_model()))

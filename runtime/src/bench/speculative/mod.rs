@@ -1,0 +1,281 @@
+//! `tidal bench speculative`: the same requests through an engine without and with
+//! speculative decoding, side by side in alternating rounds, on a grounded workload (answers
+//! that quote their prompt: repeat, edit, extract, correct; public-domain and original texts
+//! shipped here) and an open-ended chat workload.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::engine::{Engine, EngineError, GenerationEvent, GenerationRequest};
+use crate::sampling::SamplingParams;
+use crate::speculative::SpeculationStats;
+
+/// The grounded workload's user messages.
+pub fn grounded_messages() -> Vec<&'static str> {
+    split(include_str!("grounded.txt"))
+}
+
+/// The open-ended chat workload's user messages.
+pub fn open_messages() -> Vec<&'static str> {
+    split(include_str!("open.txt"))
+}
+
+fn split(text: &'static str) -> Vec<&'static str> {
+    text.split("\n---\n").map(str::trim).collect()
+}
+
+/// One workload at one concurrency: medians over the rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculativeReport {
+    pub workload: String,
+    pub concurrency: usize,
+    pub rounds: usize,
+    /// Generated tokens over wall time, without speculation (median of the rounds).
+    pub off_tokens_per_second: f64,
+    /// The same with speculation.
+    pub on_tokens_per_second: f64,
+    /// Median over the rounds of on / off measured in the same round.
+    pub speedup: f64,
+    /// Accepted over proposed tokens, over every round.
+    pub acceptance_rate: f64,
+    /// Tokens per verification (accepted proposals plus the target's own token).
+    pub mean_accepted_length: f64,
+    /// Generated tokens per round.
+    pub generated_tokens: usize,
+    /// Whether both engines gave the same tokens for every request (greedy).
+    pub identical: bool,
+}
+
+/// Greedy requests, ended by the model (or `max_tokens`).
+fn request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
+    GenerationRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop: Vec::new(),
+        stop_token_ids: Vec::new(),
+        ignore_eos: false,
+        resume: None,
+        cache_scope: Default::default(),
+    }
+}
+
+/// Token ids of one request.
+fn generate(engine: &Engine, request: GenerationRequest) -> Result<Vec<u32>, EngineError> {
+    let mut events = engine.submit(request)?;
+    let mut ids = Vec::new();
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            GenerationEvent::Delta { token_ids, .. } => ids.extend(token_ids),
+            GenerationEvent::Done { .. } => return Ok(ids),
+            GenerationEvent::Error { message } => return Err(EngineError::Invalid(message)),
+        }
+    }
+    Err(EngineError::Stopped)
+}
+
+/// One pass of the workload: at concurrency 1 the prompts one after another, else
+/// `concurrency` requests at once (prompts taken in turn). Returns each request's tokens
+/// and the wall time.
+fn pass(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    concurrency: usize,
+    max_tokens: usize,
+) -> Result<(Vec<Vec<u32>>, Duration), EngineError> {
+    let started = Instant::now();
+    if concurrency <= 1 {
+        let ids = prompts
+            .iter()
+            .map(|p| generate(engine, request(p, max_tokens)))
+            .collect::<Result<_, _>>()?;
+        return Ok((ids, started.elapsed()));
+    }
+    let handles: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let engine = engine.clone();
+            let r = request(&prompts[i % prompts.len()], max_tokens);
+            std::thread::spawn(move || generate(&engine, r))
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(concurrency);
+    for h in handles {
+        ids.push(h.join().map_err(|_| EngineError::Stopped)??);
+    }
+    Ok((ids, started.elapsed()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Speculation's totals once the engine has published its last step.
+fn settled(engine: &Engine) -> SpeculationStats {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = engine.stats();
+        if s.num_running == 0 || Instant::now() > deadline {
+            return s.speculation;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Runs `prompts` through `off` and `on` (the same model, without and with speculation)
+/// for `rounds` rounds, alternating which goes first; one warm-up pass each first fills
+/// both prefix caches alike.
+pub fn speculative(
+    off: &Engine,
+    on: &Engine,
+    workload: &str,
+    prompts: &[Vec<u32>],
+    concurrency: usize,
+    max_tokens: usize,
+    rounds: usize,
+) -> Result<SpeculativeReport, EngineError> {
+    pass(off, prompts, concurrency, max_tokens)?;
+    pass(on, prompts, concurrency, max_tokens)?;
+    let before = settled(on);
+    let (mut off_rates, mut on_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut identical = true;
+    let mut generated_tokens = 0;
+    for round in 0..rounds.max(1) {
+        let run = |engine: &Engine| pass(engine, prompts, concurrency, max_tokens);
+        let (a, b) = if round % 2 == 0 {
+            let a = run(off)?;
+            (a, run(on)?)
+        } else {
+            let b = run(on)?;
+            (run(off)?, b)
+        };
+        identical &= a.0 == b.0;
+        generated_tokens = a.0.iter().map(Vec::len).sum::<usize>();
+        let rate = |(ids, t): &(Vec<Vec<u32>>, Duration)| {
+            ids.iter().map(Vec::len).sum::<usize>() as f64 / t.as_secs_f64().max(1e-9)
+        };
+        let (r_off, r_on) = (rate(&a), rate(&b));
+        off_rates.push(r_off);
+        on_rates.push(r_on);
+        ratios.push(r_on / r_off.max(1e-9));
+    }
+    let after = settled(on);
+    let spec = SpeculationStats {
+        drafts: after.drafts - before.drafts,
+        draft_tokens: after.draft_tokens - before.draft_tokens,
+        accepted_tokens: after.accepted_tokens - before.accepted_tokens,
+    };
+    Ok(SpeculativeReport {
+        workload: workload.to_owned(),
+        concurrency,
+        rounds: rounds.max(1),
+        off_tokens_per_second: median(off_rates),
+        on_tokens_per_second: median(on_rates),
+        speedup: median(ratios),
+        acceptance_rate: spec.acceptance_rate(),
+        mean_accepted_length: spec.mean_accepted_length(),
+        generated_tokens,
+        identical,
+    })
+}
+
+/// What one more token adds to a decode step: the time of a step of `1 + k` tokens of one
+/// sequence over a one-token step, minus one, divided by k (the `--speculative-verify-cost`
+/// the choice of k weighs acceptance against). Medians of `repeats` timed forward passes at
+/// a context of `context` tokens.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyCostReport {
+    pub context: usize,
+    pub one_token_step: Duration,
+    /// (k, step time of 1 + k tokens relative to one token)
+    pub relative_step_time: Vec<(usize, f64)>,
+    /// The least-squares slope of those relative times over k: the cost per extra token.
+    pub verify_cost: f64,
+}
+
+/// Measures [`VerifyCostReport`] on `model` directly (no scheduler, no sampling).
+pub fn verify_cost(
+    model: &crate::model::Model,
+    context: usize,
+    ks: &[usize],
+    repeats: usize,
+) -> Result<VerifyCostReport, crate::model::ModelError> {
+    use crate::model::{ForwardBatch, ForwardSeq, KvStorage};
+    let vocab = model.config().vocab_size as u32;
+    let max_k = ks.iter().copied().max().unwrap_or(0);
+    let block_size = 16;
+    let blocks = (context + max_k + 1).div_ceil(block_size);
+    let mut kv = KvStorage::new(model.config(), Default::default(), blocks, block_size);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let tokens: Vec<u32> = (0..(context + max_k + 1) as u32)
+        .map(|i| (i * 31 + 7) % vocab)
+        .collect();
+    let mut forward = |from: usize, n: usize| -> Result<Duration, crate::model::ModelError> {
+        let batch = ForwardBatch {
+            seqs: vec![ForwardSeq {
+                tokens: &tokens[from..from + n],
+                start_pos: from,
+                block_table: &table,
+                num_logits: n,
+            }],
+        };
+        let started = Instant::now();
+        model.forward(&batch, &mut kv)?;
+        Ok(started.elapsed())
+    };
+    forward(0, context)?;
+    let mut time = |n: usize| -> Result<f64, crate::model::ModelError> {
+        let mut t = Vec::with_capacity(repeats);
+        for _ in 0..repeats.max(1) {
+            t.push(forward(context, n)?.as_secs_f64());
+        }
+        Ok(median(t))
+    };
+    let one = time(1)?;
+    let mut relative = Vec::new();
+    for &k in ks {
+        relative.push((k, time(1 + k)? / one));
+    }
+    // Slope through (0, 1): sum k (r - 1) / sum k².
+    let (num, den) = relative.iter().fold((0.0, 0.0), |(n, d), &(k, r)| {
+        (n + k as f64 * (r - 1.0), d + (k * k) as f64)
+    });
+    Ok(VerifyCostReport {
+        context,
+        one_token_step: Duration::from_secs_f64(one),
+        relative_step_time: relative,
+        verify_cost: if den > 0.0 { num / den } else { 0.0 },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workloads_are_shipped_and_split() {
+        let grounded = grounded_messages();
+        let open = open_messages();
+        assert_eq!((grounded.len(), open.len()), (6, 6));
+        assert!(grounded[0].contains("Four score and seven years ago"));
+        assert!(grounded
+            .iter()
+            .chain(&open)
+            .all(|m| !m.is_empty() && !m.contains("---")));
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+}

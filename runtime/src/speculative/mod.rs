@@ -1,0 +1,36 @@
+//! Speculative decoding inside continuous batching.
+//!
+//! A proposer guesses the next few tokens of a decoding sequence; the scheduler runs them
+//! through the model together with the sequence's regular decode token, in the same step as
+//! every other sequence's decodes and prefill chunks and under the same token budget
+//! (vLLM v1's `spec_token_ids` on a request). The model returns logits for each of those
+//! positions, and the engine keeps the longest run of proposals that the target model itself
+//! produces, plus one token of the target's own: 1 to k+1 tokens from one pass that reads the
+//! weights once. The KV blocks of rejected positions go back to the pool at once and never
+//! reach the prefix cache.
+//!
+//! Acceptance keeps the output exactly the target's. Each proposal is one token per
+//! position, a point mass q = δ(d). The rejection rule of Leviathan et al. (2023) and Chen
+//! et al. (2023) accepts d with probability min(1, p(d)/q(d)) = p(d) and, on rejection, draws
+//! from the normalised residual max(0, p − q), which is p with d taken out. Drawing x from p
+//! with the request's own sampler and accepting d if and only if x = d does exactly that:
+//! P(accept) = p(d), and a rejected draw is x ~ p given x ≠ d ([`verify`]). The sampler's draw
+//! for the token at position n depends only on the request's seed and n, so a request gives
+//! the same tokens with and without speculation, greedy or sampled.
+//!
+//! - [`ngram`]: prompt lookup, the continuation of the latest earlier occurrence of the
+//!   sequence's last few tokens (no extra model).
+//! - [`adaptive`]: how many tokens to propose for a sequence, from its recent acceptance and
+//!   what a longer step costs.
+
+pub mod adaptive;
+mod config;
+pub mod ngram;
+mod stats;
+pub mod verify;
+
+pub use adaptive::{best_num_tokens, Acceptance};
+pub use config::{SpeculativeConfig, SpeculativeMethod};
+pub use ngram::NgramProposer;
+pub use stats::SpeculationStats;
+pub use verify::verify;

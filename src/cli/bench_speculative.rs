@@ -1,0 +1,100 @@
+//! `tidal bench speculative`: tokens/s without and with speculative decoding, side by side,
+//! on a grounded and an open-ended chat workload, and what one more verified token costs.
+
+use anyhow::Context;
+use clap::Args;
+use tidal_runtime::bench::speculative::{self as spec, SpeculativeReport};
+use tidal_runtime::engine::EngineConfig;
+use tidal_runtime::load::load_model;
+use tidal_runtime::model::{Model, ModelFile};
+use tidal_runtime::speculative::SpeculativeMethod;
+use tidal_tokenizer::ChatMessage;
+
+use super::engine_args::EngineArgs;
+
+/// Flags of `tidal bench speculative`.
+#[derive(Args, Debug)]
+pub struct SpeculativeArgs {
+    /// The engine with speculation (`--speculative ngram` unless given).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Comma-separated concurrency levels (1: the requests one after another).
+    #[arg(long, default_value = "1,16", value_delimiter = ',')]
+    pub levels: Vec<usize>,
+    /// Most tokens per request (the model usually ends earlier).
+    #[arg(long, default_value_t = 160)]
+    pub max_tokens: usize,
+    /// Rounds, alternating which engine goes first; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Also time steps of 1 + k tokens against a one-token step (the verify cost).
+    #[arg(long)]
+    pub verify_cost: bool,
+}
+
+/// Runs the benchmark and prints one JSON line per workload and level.
+pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
+    if args.engine.speculative == SpeculativeMethod::Off {
+        args.engine.speculative = SpeculativeMethod::Ngram;
+    }
+    let on = args.engine.load()?;
+    let off_config = EngineConfig {
+        speculative: tidal_runtime::speculative::SpeculativeConfig {
+            method: SpeculativeMethod::Off,
+            ..args.engine.speculative_config()
+        },
+        ..args.engine.engine_config()
+    };
+    let off = load_model(&args.engine.model, off_config, args.engine.quantize)
+        .with_context(|| format!("loading {}", args.engine.model.display()))?;
+    let template = on
+        .chat_template
+        .as_ref()
+        .context("the model has no chat template: the workloads are chat messages")?;
+    let tokenizer = on.engine.tokenizer().clone();
+    let encode = |messages: Vec<&str>| -> anyhow::Result<Vec<Vec<u32>>> {
+        messages
+            .into_iter()
+            .map(|m| {
+                let text = template.render(&[ChatMessage::new("user", m)], true)?;
+                Ok(tokenizer.encode(&text, false))
+            })
+            .collect()
+    };
+    let workloads = [
+        ("grounded", encode(spec::grounded_messages())?),
+        ("open-chat", encode(spec::open_messages())?),
+    ];
+    let mut reports: Vec<SpeculativeReport> = Vec::new();
+    for &level in &args.levels {
+        for (name, prompts) in &workloads {
+            let report = spec::speculative(
+                &off.engine,
+                &on.engine,
+                name,
+                prompts,
+                level,
+                args.max_tokens,
+                args.rounds,
+            )?;
+            println!(
+                "{}",
+                serde_json::json!({"bench": "speculative", "proposer": args.engine.speculative.name(), "report": report})
+            );
+            reports.push(report);
+        }
+    }
+    if args.verify_cost {
+        let file = ModelFile::open(&args.engine.model)?;
+        let model = Model::load(&file, args.engine.quantize)?;
+        let report = spec::verify_cost(&model, 256, &[1, 2, 3, 4, 6, 8], 15)?;
+        println!(
+            "{}",
+            serde_json::json!({"bench": "speculative-verify-cost", "report": report})
+        );
+    }
+    if reports.iter().any(|r| !r.identical) {
+        anyhow::bail!("speculation changed the output of a greedy request");
+    }
+    Ok(())
+}

@@ -56,6 +56,19 @@ async fn drain_mid_stream(prestop: bool) {
     } else {
         leaving.signal(15);
     }
+    // The leaving worker tells the others it is draining. Its last beat stays until the
+    // others judge it dead (three missed beats), so look now, not after the streams end.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut seen_draining = false;
+    while !seen_draining && std::time::Instant::now() < deadline {
+        let beats = queue.broker.workers(MODEL_ID).await.unwrap();
+        seen_draining = beats.iter().any(|b| b.worker == "leaving" && b.draining);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        seen_draining,
+        "the leaving worker never advertised draining"
+    );
     let code = tokio::task::block_in_place(|| leaving.wait(Duration::from_secs(60)));
     assert_eq!(code, Some(0), "{}", leaving.log_text());
     assert!(
@@ -68,7 +81,5 @@ async fn drain_mid_stream(prestop: bool) {
     let usage = usage_events(&*queue.broker).await;
     let segments = check_streams_and_billing(&jobs, &got, &want, &usage);
     assert!(segments.values().any(|&n| n > 1), "{segments:?}");
-    let beats = queue.broker.workers(MODEL_ID).await.unwrap();
-    assert!(beats.iter().any(|b| b.worker == "leaving" && b.draining));
     drop(staying);
 }

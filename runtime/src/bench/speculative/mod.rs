@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::engine::{Engine, EngineError, GenerationEvent, GenerationRequest};
-use crate::sampling::SamplingParams;
 use crate::speculative::SpeculationStats;
 
 /// The grounded workload's user messages.
@@ -50,17 +49,8 @@ pub struct SpeculativeReport {
 /// Greedy requests, ended by the model (or `max_tokens`).
 fn request(prompt: &[u32], max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        stop: Vec::new(),
-        stop_token_ids: Vec::new(),
         ignore_eos: false,
-        resume: None,
-        cache_scope: Default::default(),
+        ..super::fixed_length_request(prompt.to_vec(), max_tokens)
     }
 }
 

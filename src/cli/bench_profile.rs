@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::Args;
 use tidal_autoscaler::sim::ServiceProfile;
 use tidal_runtime::bench;
+use tidal_runtime::bench::median;
 
 use super::bench::text_tokens;
 use super::engine_args::EngineArgs;
@@ -51,11 +52,6 @@ pub struct ProfileArgs {
     /// measurement's length one replica prefills within half the TTFT target, at least 1).
     #[arg(long)]
     pub target_in_flight: Option<f64>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Measures and prints the profile as JSON (`tidal sim --service-profile FILE` reads it).

@@ -14,6 +14,16 @@ use serde::Serialize;
 use crate::engine::{Engine, EngineError, GenerationEvent, GenerationRequest};
 use crate::sampling::SamplingParams;
 
+/// The median of `v` (the mean of the middle two for an even count; 0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// Greedy sampling that ignores end-of-generation, so every run generates exactly `n` tokens.
 fn fixed_length_request(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
     GenerationRequest {
@@ -205,4 +215,16 @@ pub fn memory_bandwidth_gb_per_s(bytes: usize) -> f64 {
         best = best.max(bytes as f64 / secs / 1e9);
     }
     best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
 }

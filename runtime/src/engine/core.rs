@@ -13,7 +13,7 @@ use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
-use crate::speculative::{NgramProposer, SpeculationStats, SpeculativeConfig, SpeculativeMethod};
+use crate::speculative::{NgramProposer, SpeculationStats, SpeculativeConfig};
 
 /// State owned by the engine thread.
 pub(crate) struct EngineCore {
@@ -56,14 +56,7 @@ impl EngineCore {
             shared_stats,
             prefill_rate: PrefillRate::default(),
             speculative: config.speculative,
-            proposer: match config.speculative.method {
-                _ if !config.speculative.enabled() => None,
-                SpeculativeMethod::Off => None,
-                SpeculativeMethod::Ngram => Some(NgramProposer::new(
-                    config.speculative.ngram_min,
-                    config.speculative.ngram_max,
-                )),
-            },
+            proposer: config.speculative.proposer(),
             speculation: SpeculationStats::default(),
         }
     }
@@ -246,9 +239,11 @@ impl EngineCore {
             return;
         };
         let cfg = self.speculative;
-        let speculate = self.scheduler.num_running() <= cfg.max_running;
+        if self.scheduler.num_running() > cfg.max_running {
+            return;
+        }
         for (&id, state) in &mut self.seqs {
-            if !speculate || !self.scheduler.is_decoding(id) {
+            if !self.scheduler.is_decoding(id) {
                 continue;
             }
             // The last proposal must leave room for the target's own token.

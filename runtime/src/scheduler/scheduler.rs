@@ -261,8 +261,8 @@ impl Scheduler {
             let known = n - spec;
             let mut tokens = seq.tokens[start..start + known].to_vec();
             if spec > 0 {
-                seq.verifying = seq.proposal.drain(..spec).collect();
-                seq.proposal.clear();
+                seq.proposal.truncate(spec);
+                seq.verifying = std::mem::take(&mut seq.proposal);
                 tokens.extend_from_slice(&seq.verifying);
             }
             seq.num_computed = start + n;

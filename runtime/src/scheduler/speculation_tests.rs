@@ -162,12 +162,15 @@ fn preemption_drops_proposals() {
     assert_eq!(batch.seqs.len(), 2);
     s.append_tokens(&[(1, vec![11, 12, 13, 14]), (2, vec![20])]);
     s.check_invariants().unwrap();
-    s.propose(1, vec![15]);
-    s.propose(2, vec![21, 22, 23]);
-    // Sequence 2 cannot grow to positions 0..6 beside sequence 1: it preempts itself.
+    assert_eq!(s.propose(2, vec![21, 22, 23]), 3);
+    // Sequence 1's next decode needs a fourth block: the newest, sequence 2, is preempted
+    // with its proposal, and may not take one while it waits.
     let batch = s.schedule();
     s.check_invariants().unwrap();
-    assert!(batch.seqs.iter().all(|q| q.id != 2 || q.num_spec == 0));
+    assert_eq!(s.stats().preemptions, 1);
+    assert!(batch.seqs.iter().all(|q| q.id != 2));
+    assert!(!s.is_decoding(2));
+    assert_eq!(s.propose(2, vec![21]), 0);
     s.append_tokens(
         &batch
             .seqs

@@ -1,5 +1,7 @@
 //! Speculative decoding settings (`--speculative`, `--num-speculative-tokens`, ...).
 
+use super::NgramProposer;
+
 /// How proposals are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SpeculativeMethod {
@@ -79,6 +81,15 @@ impl SpeculativeConfig {
     /// Whether any proposals are made.
     pub fn enabled(&self) -> bool {
         self.method != SpeculativeMethod::Off && self.num_speculative_tokens > 0
+    }
+
+    /// The proposer these settings ask for, or `None` when speculation is off.
+    pub fn proposer(&self) -> Option<NgramProposer> {
+        match self.method {
+            _ if !self.enabled() => None,
+            SpeculativeMethod::Off => None,
+            SpeculativeMethod::Ngram => Some(NgramProposer::new(self.ngram_min, self.ngram_max)),
+        }
     }
 
     /// Checks that the settings can work.

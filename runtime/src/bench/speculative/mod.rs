@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::median;
 use crate::engine::{Engine, EngineError, GenerationEvent, GenerationRequest};
 use crate::speculative::SpeculationStats;
 
@@ -97,15 +98,6 @@ fn pass(
         ids.push(h.join().map_err(|_| EngineError::Stopped)??);
     }
     Ok((ids, started.elapsed()))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Speculation's totals once the engine has published its last step.
@@ -208,24 +200,25 @@ pub fn verify_cost(
     let tokens: Vec<u32> = (0..(context + max_k + 1) as u32)
         .map(|i| (i * 31 + 7) % vocab)
         .collect();
-    let mut forward = |from: usize, n: usize| -> Result<Duration, crate::model::ModelError> {
+    // Every position of a timed step gets its logits, as a verification's do.
+    let mut forward = |from: usize, n: usize, logits: usize| {
         let batch = ForwardBatch {
             seqs: vec![ForwardSeq {
                 tokens: &tokens[from..from + n],
                 start_pos: from,
                 block_table: &table,
-                num_logits: n,
+                num_logits: logits,
             }],
         };
         let started = Instant::now();
         model.forward(&batch, &mut kv)?;
-        Ok(started.elapsed())
+        Ok::<_, crate::model::ModelError>(started.elapsed())
     };
-    forward(0, context)?;
+    forward(0, context, 1)?;
     let mut time = |n: usize| -> Result<f64, crate::model::ModelError> {
         let mut t = Vec::with_capacity(repeats);
         for _ in 0..repeats.max(1) {
-            t.push(forward(context, n)?.as_secs_f64());
+            t.push(forward(context, n, n)?.as_secs_f64());
         }
         Ok(median(t))
     };
@@ -260,12 +253,5 @@ mod tests {
             .iter()
             .chain(&open)
             .all(|m| !m.is_empty() && !m.contains("---")));
-    }
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(median(Vec::new()), 0.0);
     }
 }

@@ -5,7 +5,8 @@
 //! stops claiming, finishes or re-enqueues its sequences within `--drain-timeout`, so the
 //! grace period is the drain timeout plus [`GRACE_MARGIN_SECONDS`] for the preStop hook and
 //! exit. `https://` and `hf://` weights are downloaded by an init container into `/models`
-//! (an emptyDir, or the spec's cache claim) and checked against their SHA-256.
+//! (an emptyDir, or the spec's cache claim) and checked against their SHA-256; a draft model
+//! for speculative decoding likewise into `/draft-model`, a volume of its own.
 //!
 //! The pods are locked down like the chart's own: user and group [`WORKER_UID`] (the image's
 //! `nonroot` user), a read-only root filesystem with an emptyDir on `/tmp`, no capabilities,
@@ -27,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use tidal_crds::{CapacityPool, Model, RuntimeSettings, Source};
+use tidal_crds::{CapacityPool, Model, ModelSource, RuntimeSettings, SecretKeyRef, Source};
 use tidal_queue::CapacityType;
 
 use crate::names::{capacity_value, deployment_name, labels, model_id, selector_labels};
@@ -36,6 +37,9 @@ use crate::names::{capacity_value, deployment_name, labels, model_id, selector_l
 pub const GRACE_MARGIN_SECONDS: i64 = 15;
 /// Where downloaded weights live in the pod.
 pub const MODELS_DIR: &str = "/models";
+/// Where a downloaded draft model (`runtime.speculative.draftModel`) lives in the pod: a
+/// volume of its own, so that its file name and cache claim never clash with the model's.
+pub const DRAFT_MODEL_DIR: &str = "/draft-model";
 /// User and group id of the worker pods: distroless's `nonroot`, the `USER` of the Dockerfile
 /// and the chart's `podSecurityContext`.
 pub const WORKER_UID: i64 = 65532;
@@ -108,10 +112,28 @@ pub fn worker_args(
         args.extend(["--quantize".into(), q.as_arg().into()]);
     }
     if let Some(spec) = &rt.speculative {
-        args.extend(spec.args());
+        let draft = draft_source(model).map(|(source, _)| match source {
+            Source::File { path } => path,
+            other => format!("{DRAFT_MODEL_DIR}/{}", other.file_name()),
+        });
+        args.extend(spec.args(draft.as_deref()));
     }
     args.extend(rt.extra_args.iter().cloned());
     args
+}
+
+/// The parsed draft model of `runtime.speculative` and its spec, when method `draft` names
+/// one (the reconciler has validated the spec).
+fn draft_source(model: &Model) -> Option<(Source, &ModelSource)> {
+    let source = model.spec.draft_source().ok().flatten()?;
+    let spec = model
+        .spec
+        .runtime
+        .speculative
+        .as_ref()?
+        .draft_model
+        .as_ref()?;
+    Some((source, spec))
 }
 
 /// Shell script of the init container that downloads the weights (idempotent: a cached file
@@ -192,16 +214,28 @@ fn worker_env(rt: &RuntimeSettings) -> Vec<EnvVar> {
     envs
 }
 
-fn fetch_container(model: &Model, source: &Source, url: String) -> Container {
+/// One download of an init container: what, from where, into which volume.
+struct Fetch<'a> {
+    /// Container name.
+    name: &'static str,
+    /// Volume mounted at `dir`.
+    volume: &'static str,
+    dir: &'static str,
+    source: &'a Source,
+    url: String,
+    token: Option<&'a SecretKeyRef>,
+}
+
+fn fetch_container(model: &Model, fetch: Fetch<'_>) -> Container {
     let mut envs = vec![
-        env("MODELS_DIR", MODELS_DIR),
-        env("MODEL_FILE", source.file_name()),
-        env("MODEL_URL", &url),
+        env("MODELS_DIR", fetch.dir),
+        env("MODEL_FILE", fetch.source.file_name()),
+        env("MODEL_URL", &fetch.url),
     ];
-    if let Some(sha) = source.sha256() {
+    if let Some(sha) = fetch.source.sha256() {
         envs.push(env("MODEL_SHA256", sha));
     }
-    if let Some(secret) = &model.spec.source.token_secret {
+    if let Some(secret) = fetch.token {
         envs.push(EnvVar {
             name: "MODEL_TOKEN".into(),
             value_from: Some(EnvVarSource {
@@ -216,17 +250,36 @@ fn fetch_container(model: &Model, source: &Source, url: String) -> Container {
         });
     }
     Container {
-        name: "fetch-model".into(),
+        name: fetch.name.into(),
         image: Some(model.spec.runtime.fetch_image.clone()),
         command: Some(vec!["sh".into(), "-c".into(), FETCH_SCRIPT.into()]),
         env: Some(envs),
         volume_mounts: Some(vec![VolumeMount {
-            name: "models".into(),
-            mount_path: MODELS_DIR.into(),
+            name: fetch.volume.into(),
+            mount_path: fetch.dir.into(),
             ..VolumeMount::default()
         }]),
         security_context: Some(container_security_context()),
         ..Container::default()
+    }
+}
+
+/// The volume a download goes to: the source's cache claim, else an emptyDir.
+fn download_volume(name: &str, claim: Option<&String>) -> Volume {
+    match claim {
+        Some(claim) => Volume {
+            name: name.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.clone(),
+                read_only: None,
+            }),
+            ..Volume::default()
+        },
+        None => Volume {
+            name: name.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
     }
 }
 
@@ -302,30 +355,41 @@ pub fn build(
     };
     let mut mounts = vec![];
     let mut volumes = vec![];
-    let mut init = None;
-    if let Some(url) = source.download_url() {
+    let mut init = vec![];
+    let draft = draft_source(model);
+    let downloads = [
+        source.download_url().map(|url| {
+            let fetch = Fetch {
+                name: "fetch-model",
+                volume: "models",
+                dir: MODELS_DIR,
+                source,
+                url,
+                token: model.spec.source.token_secret.as_ref(),
+            };
+            (fetch, model.spec.source.cache_volume_claim.as_ref())
+        }),
+        draft.as_ref().and_then(|(draft, spec)| {
+            let fetch = Fetch {
+                name: "fetch-draft-model",
+                volume: "draft-model",
+                dir: DRAFT_MODEL_DIR,
+                source: draft,
+                url: draft.download_url()?,
+                token: spec.token_secret.as_ref(),
+            };
+            Some((fetch, spec.cache_volume_claim.as_ref()))
+        }),
+    ];
+    for (fetch, claim) in downloads.into_iter().flatten() {
         mounts.push(VolumeMount {
-            name: "models".into(),
-            mount_path: MODELS_DIR.into(),
+            name: fetch.volume.into(),
+            mount_path: fetch.dir.into(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
-        volumes.push(match &model.spec.source.cache_volume_claim {
-            Some(claim) => Volume {
-                name: "models".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.clone(),
-                    read_only: None,
-                }),
-                ..Volume::default()
-            },
-            None => Volume {
-                name: "models".into(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            },
-        });
-        init = Some(vec![fetch_container(model, source, url)]);
+        volumes.push(download_volume(fetch.volume, claim));
+        init.push(fetch_container(model, fetch));
     }
     mounts.push(tmp_mount);
     volumes.push(tmp_volume);
@@ -403,7 +467,7 @@ pub fn build(
                 }),
                 spec: Some(PodSpec {
                     containers: vec![worker],
-                    init_containers: init,
+                    init_containers: (!init.is_empty()).then_some(init),
                     volumes: Some(volumes),
                     security_context: Some(pod_security_context()),
                     // Workers talk to the queue, never to the Kubernetes API.

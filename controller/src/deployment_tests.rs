@@ -383,4 +383,82 @@ fn speculative_decoding_reaches_the_worker_flags() {
         &args[at..at + 4],
         ["--speculative", "ngram", "--num-speculative-tokens", "3"]
     );
+    assert!(!args.iter().any(|a| a == "--draft-model"));
+}
+
+#[test]
+fn a_draft_model_is_downloaded_into_its_own_volume_and_passed_to_the_worker() {
+    let mut m = llama();
+    let src = m.spec.source().unwrap();
+    m.spec.runtime.speculative = serde_json::from_value(serde_json::json!({
+        "method": "draft",
+        "draftModel": {
+            "uri": "hf://org/small/small-Q4_0.gguf",
+            "revision": "v1",
+            "cacheVolumeClaim": "draft-cache"
+        }
+    }))
+    .unwrap();
+    m.spec.validate(tidal_crds::ColdStart::ASSUMED).unwrap();
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    let at = args.iter().position(|a| a == "--speculative").unwrap();
+    assert_eq!(
+        &args[at..at + 4],
+        [
+            "--speculative",
+            "draft",
+            "--draft-model",
+            "/draft-model/small-Q4_0.gguf"
+        ]
+    );
+    let d = build(&m, &src, CapacityType::Spot, 1, &cfg());
+    let spec = pod_spec(&d);
+    let init = spec.init_containers.as_ref().unwrap();
+    let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["fetch-model", "fetch-draft-model"]);
+    let env: BTreeMap<&str, Option<&str>> = init[1]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref()))
+        .collect();
+    assert_eq!(env["MODELS_DIR"], Some(DRAFT_MODEL_DIR));
+    assert_eq!(env["MODEL_FILE"], Some("small-Q4_0.gguf"));
+    assert_eq!(
+        env["MODEL_URL"],
+        Some("https://huggingface.co/org/small/resolve/v1/small-Q4_0.gguf")
+    );
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "draft-model")
+        .unwrap();
+    assert_eq!(
+        volume.persistent_volume_claim.as_ref().unwrap().claim_name,
+        "draft-cache"
+    );
+    let worker = &spec.containers[0];
+    assert!(worker
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|v| v.name == "draft-model" && v.mount_path == DRAFT_MODEL_DIR));
+
+    // A draft in the image needs no download; a draft method without one is refused.
+    m.spec.runtime.speculative = serde_json::from_value(serde_json::json!({
+        "method": "draft",
+        "draftModel": {"uri": "file:///opt/small.gguf"}
+    }))
+    .unwrap();
+    let args = worker_args(&m, &src, CapacityType::Spot, &cfg());
+    assert!(args
+        .windows(2)
+        .any(|w| w == ["--draft-model", "/opt/small.gguf"]));
+    let d = build(&m, &src, CapacityType::Spot, 1, &cfg());
+    assert_eq!(pod_spec(&d).init_containers.as_ref().unwrap().len(), 1);
+    m.spec.runtime.speculative =
+        serde_json::from_value(serde_json::json!({"method": "draft"})).unwrap();
+    let e = m.spec.validate(tidal_crds::ColdStart::ASSUMED).unwrap_err();
+    assert!(e.to_string().contains("draftModel"), "{e}");
 }

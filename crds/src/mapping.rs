@@ -12,7 +12,8 @@ use tidal_autoscaler::{
 };
 
 use crate::spec::{
-    CapacityMode, ModelSpec, ScaleDownHold, ScheduledFloor, StableAggregate as SpecAggregate,
+    CapacityMode, ModelSource, ModelSpec, ScaleDownHold, ScheduledFloor, SpeculativeMethodSpec,
+    StableAggregate as SpecAggregate,
 };
 use crate::status::{ColdStartSource, TimeConstants};
 
@@ -25,6 +26,9 @@ pub enum InvalidSpec {
     /// The model source is malformed.
     #[error("source: {0}")]
     Source(String),
+    /// The draft model of `runtime.speculative` is missing or malformed.
+    #[error("runtime.speculative.draftModel: {0}")]
+    DraftModel(String),
     /// `baseOnDemandReplicas` above `maxReplicas`.
     #[error("baseOnDemandReplicas ({base}) is greater than maxReplicas ({max})")]
     BaseAboveMax {
@@ -276,8 +280,32 @@ impl ModelSpec {
 
     /// The weights' source, parsed and checked.
     pub fn source(&self) -> Result<Source, InvalidSpec> {
-        let src = &self.source;
-        let bad = |m: String| Err(InvalidSpec::Source(m));
+        self.source.parse().map_err(InvalidSpec::Source)
+    }
+
+    /// The draft model of `runtime.speculative` (method `draft`), parsed and checked; `None`
+    /// for any other method.
+    pub fn draft_source(&self) -> Result<Option<Source>, InvalidSpec> {
+        let Some(spec) = &self.runtime.speculative else {
+            return Ok(None);
+        };
+        match (spec.method, &spec.draft_model) {
+            (SpeculativeMethodSpec::Draft, Some(src)) => {
+                src.parse().map(Some).map_err(InvalidSpec::DraftModel)
+            }
+            (SpeculativeMethodSpec::Draft, None) => Err(InvalidSpec::DraftModel(
+                "method draft needs draftModel".into(),
+            )),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl ModelSource {
+    /// The source parsed, or why it is malformed.
+    pub fn parse(&self) -> Result<Source, String> {
+        let src = self;
+        let bad = |m: String| Err(m);
         if let Some(sha) = &src.sha256 {
             if !is_sha256(sha) {
                 return bad(format!("sha256 {sha:?} is not 64 lowercase hex digits"));
@@ -320,11 +348,14 @@ impl ModelSpec {
         }
         bad(format!("{uri:?}: expected file://, https:// or hf://"))
     }
+}
 
+impl ModelSpec {
     /// Every check the reconciler needs before acting; the policy's spec with the time
     /// constants left out sized on `cold_start`.
     pub fn validate(&self, cold_start: ColdStart) -> Result<ScalingSpec, InvalidSpec> {
         self.source()?;
+        self.draft_source()?;
         for (field, v) in [
             (
                 "inputPerMillionMicros",

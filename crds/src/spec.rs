@@ -261,8 +261,9 @@ pub enum Quantisation {
 }
 
 /// Speculative decoding of a Model's workers.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("self.method != 'draft' || has(self.draftModel)").message("method draft needs draftModel").field_path(".draftModel"))]
 pub struct SpeculativeSpec {
     /// How tokens are proposed.
     pub method: SpeculativeMethodSpec,
@@ -270,6 +271,11 @@ pub struct SpeculativeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub num_speculative_tokens: Option<u32>,
+    /// The draft model of method `draft` (`--draft-model`), in the form of `spec.source`: a
+    /// smaller GGUF whose vocabulary is the model's, token for token (the worker refuses
+    /// any other at load). Downloaded next to the model's weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<ModelSource>,
 }
 
 /// A speculative decoding proposer.
@@ -281,18 +287,26 @@ pub enum SpeculativeMethodSpec {
     /// Prompt lookup: the continuation of the latest earlier occurrence of the last tokens.
     #[serde(rename = "ngram")]
     Ngram,
+    /// A draft model (`draftModel`) proposes its greedy continuation.
+    #[serde(rename = "draft")]
+    Draft,
 }
 
 impl SpeculativeSpec {
-    /// The worker's flags.
-    pub fn args(&self) -> Vec<String> {
+    /// The worker's flags, with the draft model at `draft_path` in the worker's file system
+    /// (where the controller puts `draftModel`).
+    pub fn args(&self, draft_path: Option<&str>) -> Vec<String> {
         let method = match self.method {
             SpeculativeMethodSpec::Off => "off",
             SpeculativeMethodSpec::Ngram => "ngram",
+            SpeculativeMethodSpec::Draft => "draft",
         };
         let mut args = vec!["--speculative".to_owned(), method.to_owned()];
         if let Some(k) = self.num_speculative_tokens {
             args.extend(["--num-speculative-tokens".to_owned(), k.to_string()]);
+        }
+        if let (SpeculativeMethodSpec::Draft, Some(path)) = (self.method, draft_path) {
+            args.extend(["--draft-model".to_owned(), path.to_owned()]);
         }
         args
     }

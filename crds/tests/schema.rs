@@ -252,6 +252,8 @@ fn cel_rules_name_their_field_and_the_controller_checks_agree() {
         [
             ".spec.capacity.baseOnDemandReplicas",
             ".spec.runtime.sharedPrefixes[].text",
+            ".spec.runtime.speculative.draftModel",
+            ".spec.runtime.speculative.draftModel.sha256",
             ".spec.scaling.floorSchedule",
             ".spec.scaling.minReplicas",
             ".spec.scaling.panicWindowSeconds",
@@ -261,7 +263,7 @@ fn cel_rules_name_their_field_and_the_controller_checks_agree() {
     // each rule's mistake, which the controller refuses as well (clusters that skip CEL)
     let base = manifest(EXAMPLES[1].1);
     type Change = fn(&mut Value);
-    let mistakes: [(&str, Change); 6] = [
+    let mistakes: [(&str, Change); 8] = [
         ("sharedPrefixes[0]", |v| {
             v["spec"]["runtime"]["sharedPrefixes"] = json!([{"text": "a", "system": "b"}])
         }),
@@ -284,6 +286,15 @@ fn cel_rules_name_their_field_and_the_controller_checks_agree() {
         }),
         ("sha256", |v| {
             v["spec"]["source"]["uri"] = json!("https://example.com/m.gguf")
+        }),
+        ("draftModel", |v| {
+            v["spec"]["runtime"]["speculative"] = json!({"method": "draft"})
+        }),
+        ("draftModel", |v| {
+            v["spec"]["runtime"]["speculative"] = json!({
+                "method": "draft",
+                "draftModel": {"uri": "https://example.com/d.gguf"}
+            })
         }),
     ];
     for (what, change) in mistakes {

@@ -130,9 +130,11 @@ fn bench(c: &mut Criterion) {
 
 /// The weight matmuls of one SmolLM2-135M decode step in each format: 30 layers of q, k, v,
 /// o, gate, up, down (66 MB of weights in Q4_1, more than the L3 cache, so they stream from
-/// DRAM as in the real model). The LM head and attention are not included. m = 1 runs the
-/// detected kernel; m = 16 each batched GEMM this CPU has (`/amx`, `/avx512vnni`,
-/// `/avx2vnni`), else the detected one.
+/// DRAM on most machines, as in the real model). The LM head and attention are not included.
+/// At m = 1 to 4 (decode, and the verify steps of speculative decoding) `/avx512vnni` and
+/// `/avx2vnni` as `auto` would run them (the row kernels; from `PANEL16_MIN_ROWS` rows the
+/// AVX-512 GEMM); at m = 16 each batched GEMM this CPU has (`/amx`, `/avx512vnni`,
+/// `/avx2vnni`); the detected kernel where the CPU has none of them.
 fn decode_step(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(3);
@@ -154,15 +156,21 @@ fn decode_step(c: &mut Criterion) {
                     .collect()
             })
             .collect();
-        for m in [1usize, 16] {
+        for m in [1usize, 2, 3, 4, 16] {
             let x: Vec<f32> = (0..m * 1536).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * 1536];
-            let mut kernels: Vec<DotKernel> =
-                [DotKernel::Amx, DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
-                    .into_iter()
-                    .filter(|k| k.is_supported())
-                    .collect();
-            if m == 1 || kernels.is_empty() {
+            // Below 16 rows AMX runs the AVX-512 kernels, so it is not listed there.
+            let candidates: &[DotKernel] = if m < 16 {
+                &[DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
+            } else {
+                &[DotKernel::Amx, DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
+            };
+            let mut kernels: Vec<DotKernel> = candidates
+                .iter()
+                .copied()
+                .filter(|k| k.is_supported())
+                .collect();
+            if kernels.is_empty() {
                 kernels = vec![DotKernel::detect()];
             }
             for kernel in kernels {

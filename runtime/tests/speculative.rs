@@ -1,22 +1,27 @@
 //! Speculative decoding in the engine: the same tokens with and without it (greedy and
 //! seeded sampling, alone and batched, through prefix-cache hits, preemption and resume),
-//! no KV block left behind, and on a tiny model the next-token distribution of sampled
+//! with the n-gram proposer and with a draft model (the target's own file, and a Q8_0
+//! re-quantisation of it), no KV block left behind (the draft's included), a draft of
+//! another vocabulary refused, and on a tiny model the next-token distribution of sampled
 //! requests with speculation against the target's own.
 
 mod common;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{collect, engine, greedy, Output};
-use tidal_runtime::engine::{Engine, EngineConfig, GenerationEvent, GenerationRequest, ResumeFrom};
+use common::{collect, default_model, engine, greedy, Output};
+use tidal_runtime::engine::{
+    Engine, EngineConfig, EngineError, GenerationEvent, GenerationRequest, ResumeFrom,
+};
 use tidal_runtime::model::{
-    write_tiny_gguf, ForwardBatch, ForwardSeq, KvStorage, Model, ModelFile, TinySpec,
+    write_tiny_gguf, ForwardBatch, ForwardSeq, KvStorage, Model, ModelFile, QuantizeTo, TinySpec,
 };
 use tidal_runtime::sampling::SamplingParams;
 use tidal_runtime::scheduler::SchedulerStats;
-use tidal_runtime::speculative::{SpeculativeConfig, SpeculativeMethod};
+use tidal_runtime::speculative::{DraftError, SpeculativeConfig, SpeculativeMethod};
 use tidal_tokenizer::Tokenizer;
 
 fn config(method: SpeculativeMethod) -> EngineConfig {
@@ -88,6 +93,50 @@ fn assert_no_blocks_held(engine: &Engine) {
         stats.num_free_blocks, stats.num_blocks,
         "every KV block is free once all requests are done"
     );
+    assert_eq!(
+        stats.draft_kv_free_blocks, stats.draft_kv_blocks,
+        "every draft KV block is free once all requests are done"
+    );
+}
+
+/// Speculation by a draft model: the default model's own file, re-quantised or not. Drafting
+/// is taken as free, so that every sequence speculates whatever a draft pass costs here.
+fn draft_config(quantize: Option<QuantizeTo>) -> EngineConfig {
+    EngineConfig {
+        speculative: SpeculativeConfig {
+            draft_model: Some(default_model()),
+            draft_quantize: quantize,
+            draft_cost: Some(0.0),
+            ..config(SpeculativeMethod::Draft).speculative
+        },
+        ..config(SpeculativeMethod::Draft)
+    }
+}
+
+/// Greedy requests give the off engine's tokens through `on`, alone and batched; returns
+/// the acceptance rate over both rounds.
+fn assert_greedy_tokens_unchanged(off: &Engine, on: &Engine, max_tokens: usize) -> f64 {
+    let tok = off.tokenizer().clone();
+    let requests: Vec<_> = prompts(&tok)
+        .into_iter()
+        .map(|p| greedy(p, max_tokens))
+        .collect();
+    let expected: Vec<Output> = requests
+        .iter()
+        .map(|r| collect(off.submit(r.clone()).unwrap()))
+        .collect();
+    for (r, want) in requests.iter().zip(&expected) {
+        let got = collect(on.submit(r.clone()).unwrap());
+        assert_eq!(&got, want, "alone");
+    }
+    let got = run_all(on, &requests);
+    for (g, w) in got.iter().zip(&expected) {
+        assert_eq!(g.ids, w.ids, "batched");
+        assert_eq!(g.text, w.text, "batched");
+    }
+    let stats = settled_stats(on);
+    assert!(stats.speculation.drafts > 0, "{:?}", stats.speculation);
+    stats.speculation.acceptance_rate()
 }
 
 #[test]
@@ -195,6 +244,141 @@ fn preempted_and_resumed_sequences_keep_their_tokens() {
         assert_eq!(resumed.ids, w.ids[17..], "resumed ids");
         assert_eq!(resumed.usage.completion_tokens, w.usage.completion_tokens);
     }
+}
+
+#[test]
+fn a_draft_model_leaves_greedy_and_seeded_tokens_unchanged() {
+    let (off, _) = engine(config(SpeculativeMethod::Off));
+    let (on, _) = engine(draft_config(None));
+    // The target's own weights as the draft: it proposes what the target picks.
+    let rate = assert_greedy_tokens_unchanged(&off, &on, 48);
+    let spec = on.stats().speculation;
+    eprintln!(
+        "the target's own file as draft: acceptance {rate:.3}, mean accepted length {:.2}",
+        spec.mean_accepted_length()
+    );
+    assert!(rate >= 0.9, "acceptance {rate}");
+    assert!(spec.mean_accepted_length() > 2.0);
+    assert_no_blocks_held(&on);
+
+    let tok = off.tokenizer().clone();
+    let requests: Vec<_> = prompts(&tok)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| sampled(p, 40, 2000 + i as u64, i % 2 == 1))
+        .collect();
+    let before = settled_stats(&on).speculation;
+    assert_eq!(run_all(&on, &requests), run_all(&off, &requests));
+    let after = settled_stats(&on).speculation;
+    assert!(
+        after.drafts > before.drafts,
+        "sampled requests speculated too"
+    );
+    assert_no_blocks_held(&on);
+}
+
+#[test]
+fn a_requantised_draft_model_leaves_greedy_tokens_unchanged() {
+    let (off, _) = engine(config(SpeculativeMethod::Off));
+    // Q8_0 weights of the Q4_1 file: a different model of the same vocabulary.
+    let (on, _) = engine(draft_config(Some(QuantizeTo::Q8_0)));
+    let rate = assert_greedy_tokens_unchanged(&off, &on, 48);
+    let spec = on.stats().speculation;
+    eprintln!(
+        "Q8_0 draft for the Q4_1 target: acceptance {rate:.3}, mean accepted length {:.2}",
+        spec.mean_accepted_length()
+    );
+    assert!(rate > 0.5, "acceptance {rate}");
+    assert_no_blocks_held(&on);
+}
+
+#[test]
+fn a_draft_model_survives_preemption_and_a_full_draft_cache() {
+    let (off, _) = engine(config(SpeculativeMethod::Off));
+    let tok = off.tokenizer().clone();
+    let requests: Vec<_> = prompts(&tok).into_iter().map(|p| greedy(p, 40)).collect();
+    let expected = run_all(&off, &requests);
+    drop(off);
+    // 12 target blocks for six sequences of ~60 tokens, and draft blocks for about two.
+    let bytes_per_token = 2 * 30 * 3 * 64 * 2;
+    let mut config = draft_config(None);
+    config.kv_cache_memory = 12 * 16 * bytes_per_token;
+    config.speculative.draft_kv_blocks = Some(9);
+    config.speculative.max_running = 64;
+    let (tight, _) = engine(config);
+    let got = run_all(&tight, &requests);
+    let stats = settled_stats(&tight);
+    assert!(
+        stats.preemptions > 0,
+        "the cache must be tight enough to preempt"
+    );
+    assert_eq!(stats.draft_kv_blocks, 9);
+    assert!(
+        stats.speculation.accepted_tokens > 0,
+        "{:?}",
+        stats.speculation
+    );
+    for (g, w) in got.iter().zip(&expected) {
+        assert_eq!(g.ids, w.ids);
+    }
+    assert_no_blocks_held(&tight);
+}
+
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target.gguf");
+    let draft = dir.path().join("draft.gguf");
+    write_tiny_gguf(&target, &TinySpec::default()).unwrap();
+    write_tiny_gguf(
+        &draft,
+        &TinySpec {
+            vocab: 64,
+            ..TinySpec::default()
+        },
+    )
+    .unwrap();
+    let start = |draft_model: Option<PathBuf>| {
+        let file = ModelFile::open(&target).unwrap();
+        let tokenizer = Arc::new(Tokenizer::from_gguf(file.content()).unwrap());
+        Engine::start(
+            Model::load(&file, None).unwrap(),
+            tokenizer,
+            EngineConfig {
+                block_size: 4,
+                kv_cache_memory: 1 << 20,
+                speculative: SpeculativeConfig {
+                    method: SpeculativeMethod::Draft,
+                    draft_model,
+                    ..SpeculativeConfig::default()
+                },
+                ..EngineConfig::default()
+            },
+        )
+    };
+    match start(Some(draft)) {
+        Err(EngineError::Draft(
+            e @ DraftError::VocabularySize {
+                target: 96,
+                draft: 64,
+            },
+        )) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("64") && message.contains("96"),
+                "{message}"
+            );
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a draft of 64 tokens for a target of 96 was accepted"),
+    }
+    match start(None) {
+        Err(EngineError::Invalid(m)) => assert!(m.contains("--draft-model"), "{m}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("--speculative draft without a draft model was accepted"),
+    }
+    // The target's own file is a draft of the same vocabulary.
+    assert!(start(Some(target.clone())).is_ok());
 }
 
 /// Chi-square critical value for `df` degrees of freedom at significance 0.001

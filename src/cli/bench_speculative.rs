@@ -15,7 +15,8 @@ use super::engine_args::EngineArgs;
 /// Flags of `tidal bench speculative`.
 #[derive(Args, Debug)]
 pub struct SpeculativeArgs {
-    /// The engine with speculation (`--speculative ngram` unless given).
+    /// The engine with speculation (`--speculative ngram` unless given; `--speculative draft
+    /// --draft-model PATH` for a draft model).
     #[command(flatten)]
     pub engine: EngineArgs,
     /// Comma-separated concurrency levels (1: the requests one after another).
@@ -79,7 +80,14 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
             )?;
             println!(
                 "{}",
-                serde_json::json!({"bench": "speculative", "proposer": args.engine.speculative.name(), "report": report})
+                serde_json::json!({
+                    "bench": "speculative",
+                    "proposer": args.engine.speculative.name(),
+                    "draft_model": args.engine.draft_model,
+                    "draft_quantize": args.engine.draft_quantize.map(|q| format!("{q:?}").to_lowercase()),
+                    "draft_cost": on.engine.stats().draft_cost,
+                    "report": report
+                })
             );
             reports.push(report);
         }

@@ -63,12 +63,30 @@ pub struct EngineArgs {
         value_name = "PATH"
     )]
     pub termination_log: PathBuf,
-    /// Speculative decoding: off, or ngram (prompt lookup: propose the continuation of the
-    /// latest earlier occurrence of the last few tokens, verified in the same step as every
-    /// other sequence's work). The tokens are the same either way; ngram is faster on answers
-    /// that quote their prompt (summaries, extraction, code edits).
+    /// Speculative decoding: off, ngram (prompt lookup: propose the continuation of the
+    /// latest earlier occurrence of the last few tokens) or draft (a smaller model of the same
+    /// vocabulary, --draft-model, proposes its greedy continuation); proposals are verified in
+    /// the same step as every other sequence's work. The tokens are the same either way;
+    /// ngram is faster on answers that quote their prompt (summaries, extraction, code edits).
     #[arg(long, default_value = "off", env = "TIDAL_SPECULATIVE")]
     pub speculative: SpeculativeMethod,
+    /// The draft model of `--speculative draft`: a GGUF file whose vocabulary is the
+    /// model's, token for token (checked at load).
+    #[arg(long, env = "TIDAL_DRAFT_MODEL", value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
+    /// Re-quantise the draft model's weights at load, as --quantize does the model's.
+    #[arg(long)]
+    pub draft_quantize: Option<QuantizeTo>,
+    /// Blocks of the draft model's own KV cache (default: the model's number of blocks plus
+    /// one per sequence, --max-num-seqs). A sequence the draft cache has no room for gets no
+    /// proposal.
+    #[arg(long)]
+    pub draft_kv_blocks: Option<usize>,
+    /// Time of one draft forward pass as a fraction of a one-token step of the model, added
+    /// to --speculative-verify-cost for each token the draft proposes (default: measured
+    /// when the engine starts). 0 proposes as if drafting were free.
+    #[arg(long)]
+    pub draft_cost: Option<f64>,
     /// Most tokens proposed for one sequence in one step; each sequence proposes fewer when
     /// few of its proposals are accepted.
     #[arg(long, default_value_t = 5, env = "TIDAL_NUM_SPECULATIVE_TOKENS")]
@@ -140,13 +158,17 @@ impl EngineArgs {
             ngram_max: self.prompt_lookup_max,
             max_running: self.speculative_max_running,
             verify_cost: self.speculative_verify_cost,
+            draft_model: self.draft_model.clone(),
+            draft_quantize: self.draft_quantize,
+            draft_kv_blocks: self.draft_kv_blocks,
+            draft_cost: self.draft_cost,
         }
     }
 
     /// Maps the model, builds tokenizer and template, and starts the engine.
     pub fn load(&self) -> anyhow::Result<Loaded> {
         self.speculative_config().validate().map_err(anyhow::Error::msg).context(
-            "speculative decoding settings (--prompt-lookup-min, --prompt-lookup-max, --speculative-verify-cost)",
+            "speculative decoding settings (--speculative, --draft-model, --prompt-lookup-min, --prompt-lookup-max, --speculative-verify-cost, --draft-cost, --draft-kv-blocks)",
         )?;
         if let CpuKernel(Some(kernel)) = self.cpu_kernel {
             kernel.select().map_err(anyhow::Error::msg)?;
@@ -279,6 +301,31 @@ mod tests {
             (SpeculativeMethod::Ngram, 3)
         );
         assert!(parse(&["--speculative", "medusa"]).is_err());
+        let cli = parse(&[
+            "--speculative",
+            "draft",
+            "--draft-model",
+            "small.gguf",
+            "--draft-quantize",
+            "q8_0",
+            "--draft-kv-blocks",
+            "64",
+            "--draft-cost",
+            "0.2",
+        ])
+        .unwrap();
+        let spec = cli.engine.speculative_config();
+        assert_eq!(spec.method, SpeculativeMethod::Draft);
+        assert_eq!(spec.draft_model, Some(PathBuf::from("small.gguf")));
+        assert_eq!(spec.draft_quantize, Some(QuantizeTo::Q8_0));
+        assert_eq!(
+            (spec.draft_kv_blocks, spec.draft_cost),
+            (Some(64), Some(0.2))
+        );
+        assert_eq!(spec.validate(), Ok(()));
+        let cli = parse(&["--speculative", "draft"]).unwrap();
+        let e = cli.engine.speculative_config().validate().unwrap_err();
+        assert!(e.contains("--draft-model"), "{e}");
         let cli = parse(&["--cpu-kernel", "avx2"]).unwrap();
         assert_eq!(cli.engine.cpu_kernel, CpuKernel(Some(DotKernel::Avx2)));
         assert!(parse(&["--cpu-kernel", "sse9"]).is_err());

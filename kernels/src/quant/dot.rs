@@ -27,8 +27,8 @@ pub enum DotKernel {
     /// The AVX2 row path for every batch size (no panel GEMM, to measure what it brings).
     Avx2Rows,
     /// AVX-512 VNNI: the 16-row panel GEMM with 512-bit `vpdpbusd` (`gemm_avx512`) for
-    /// batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more, the AVX2 row path below
-    /// (with AVX-VNNI where the CPU has it).
+    /// batches of [`super::matmul::PANEL16_MIN_ROWS`] rows or more, the 512-bit row kernel
+    /// (`dot_avx512`, sixteen blocks per step) below.
     Avx512Vnni,
     /// AMX: [`DotKernel::Avx512Vnni`], with batches of [`super::matmul::AMX_MIN_ROWS`] rows
     /// or more (prefill chunks) on AMX tile products (`gemm_amx`), 16 weight rows × 16
@@ -259,22 +259,38 @@ pub(crate) mod tests {
     #[test]
     fn extreme_q8_0_values_do_not_saturate() {
         // -128 weights against ±127 activations: the largest pair sums maddubs can see.
-        let mut w = half::f16::from_f32(1.0).to_le_bytes().to_vec();
-        w.extend([0x80u8; 32]);
+        // Twenty blocks: one 16-block step of the AVX-512 row kernel and a tail.
+        let nb = 20;
+        let mut w = Vec::new();
+        for _ in 0..nb {
+            w.extend(half::f16::from_f32(1.0).to_le_bytes());
+            w.extend([0x80u8; 32]);
+        }
         let mut x = [BlockQ8_1::default()];
         quantize_q8_1(&[-1.0; QK], &mut x);
         for m in [1, 8] {
-            let xs = vec![-1.0f32; m * QK];
+            let xs = vec![-1.0f32; m * QK * nb];
             for k in kernels() {
                 let mut out = vec![0.0; m];
-                crate::quant::matmul::matmul_with(k, QuantType::Q8_0, &xs, &w, m, QK, 1, &mut out);
-                // Exactly 128 · 32 = 4096 up to float rounding; saturation would lose hundreds.
+                crate::quant::matmul::matmul_with(
+                    k,
+                    QuantType::Q8_0,
+                    &xs,
+                    &w,
+                    m,
+                    QK * nb,
+                    1,
+                    &mut out,
+                );
+                // Exactly 128 · 32 per block up to float rounding; saturation would lose
+                // hundreds.
                 for v in out {
-                    assert!((v - 4096.0).abs() < 1e-2, "{k:?} m={m}: {v}");
+                    assert!((v - 4096.0 * nb as f32).abs() < 1e-1, "{k:?} m={m}: {v}");
                 }
             }
         }
-        assert!((portable(QuantType::Q8_0, &w, &x) - 4096.0).abs() < 1e-2);
+        let w = &w[..34];
+        assert!((portable(QuantType::Q8_0, w, &x) - 4096.0).abs() < 1e-2);
     }
 
     #[test]

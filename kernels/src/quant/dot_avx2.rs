@@ -83,7 +83,7 @@ unsafe fn rows_body<F: Format, const VNNI: bool>(
 
 /// Writes `r[k]` to `out[i + k, j]`; returns how many rows that was.
 #[inline(always)]
-fn store<const R: usize>(out: &mut OutCols, i: usize, j: usize, r: [f32; R]) -> usize {
+pub(super) fn store<const R: usize>(out: &mut OutCols, i: usize, j: usize, r: [f32; R]) -> usize {
     for (k, v) in r.into_iter().enumerate() {
         out.set(i + k, j, v);
     }
@@ -118,14 +118,22 @@ unsafe fn dot<F: Format, const R: usize, const VNNI: bool>(
         if b < nb {
             step::<F, R, VNNI>(wr, b, nb - b, &xs, &mut acc);
         }
-        let mut out = [0.0f32; R];
-        for r in 0..R {
-            let mut c = [0.0f32; CHAINS];
-            _mm_storeu_ps(c.as_mut_ptr(), acc[r]);
-            out[r] = (c[0] + c[1]) + (c[2] + c[3]);
-        }
-        out
+        chain_totals(acc)
     }
+}
+
+/// Each row's result from its four chains (one per lane): `(a0 + a1) + (a2 + a3)`.
+///
+/// # Safety
+/// SSE available (baseline on x86-64).
+#[inline(always)]
+pub(super) unsafe fn chain_totals<const R: usize>(acc: [__m128; R]) -> [f32; R] {
+    acc.map(|v| {
+        let mut c = [0.0f32; CHAINS];
+        // SAFETY: c holds four f32.
+        unsafe { _mm_storeu_ps(c.as_mut_ptr(), v) };
+        (c[0] + c[1]) + (c[2] + c[3])
+    })
 }
 
 /// `count` (≤ 4) f16 values at byte `off` of blocks `b..b + count`, as f32 lanes (zero past

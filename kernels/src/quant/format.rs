@@ -28,9 +28,11 @@ use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 pub(crate) const CHAINS: usize = 4;
 
 /// How far ahead of the block being multiplied the kernels prefetch the weight stream
-/// ([`crate::prefetch`]): 1 KiB, 30 Q8_0 or 51 Q4_1 blocks, which the 2-core machines of
-/// docs/benchmarks.md needed to keep decode's loads from waiting on memory.
-pub(crate) const WEIGHTS_AHEAD: usize = 1024;
+/// ([`crate::prefetch`]): 4 KiB, 120 Q8_0 or 204 Q4_1 blocks. Batch-1 decode of SmolLM2 on a
+/// 2-core AVX-512 Xeon (21–22 GB/s, three alternating rounds, medians) ran Q4_1 at 145, 166
+/// and 185 tokens/s with 1, 2 and 4 KiB, Q8_0 at 110, 111 and 113; with 1 KiB or less the
+/// loads wait on memory (docs/benchmarks.md).
+pub(crate) const WEIGHTS_AHEAD: usize = 4096;
 
 /// A weight block type our kernels run: the four 32-weight formats of this module (a
 /// `Format`) and the K-quants of [`super::kformat`] (super-blocks of 256 weights).
@@ -158,6 +160,9 @@ pub(crate) trait Format: Copy + Send + Sync + 'static {
     const M_AT: Option<usize>;
     /// `m / d` for formats whose offset follows from `d` (Q4_0: −8).
     const M_PER_D: f32;
+    /// Where the block's `q` are (the AVX-512 row kernel loads them itself).
+    #[cfg(target_arch = "x86_64")]
+    const QS_AT: super::dot_avx512::QsLayout;
 
     /// `(d, m)` of block `wb`.
     fn scales(wb: &[u8]) -> (f32, f32);
@@ -243,6 +248,11 @@ impl Format for Q4_0 {
     const HAS_OFFSET: bool = true;
     const M_AT: Option<usize> = None;
     const M_PER_D: f32 = -8.0;
+    #[cfg(target_arch = "x86_64")]
+    const QS_AT: super::dot_avx512::QsLayout = super::dot_avx512::QsLayout::Nibbles {
+        at: 2,
+        high_bits: None,
+    };
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {
@@ -277,6 +287,11 @@ impl Format for Q4_1 {
     const HAS_OFFSET: bool = true;
     const M_AT: Option<usize> = Some(2);
     const M_PER_D: f32 = 0.0;
+    #[cfg(target_arch = "x86_64")]
+    const QS_AT: super::dot_avx512::QsLayout = super::dot_avx512::QsLayout::Nibbles {
+        at: 4,
+        high_bits: None,
+    };
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {
@@ -314,6 +329,11 @@ impl Format for Q5_0 {
     const HAS_OFFSET: bool = true;
     const M_AT: Option<usize> = None;
     const M_PER_D: f32 = -16.0;
+    #[cfg(target_arch = "x86_64")]
+    const QS_AT: super::dot_avx512::QsLayout = super::dot_avx512::QsLayout::Nibbles {
+        at: 6,
+        high_bits: Some(2),
+    };
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {
@@ -375,6 +395,8 @@ impl Format for Q8_0 {
     const HAS_OFFSET: bool = false;
     const M_AT: Option<usize> = None;
     const M_PER_D: f32 = 0.0;
+    #[cfg(target_arch = "x86_64")]
+    const QS_AT: super::dot_avx512::QsLayout = super::dot_avx512::QsLayout::Bytes { at: 2 };
 
     #[inline(always)]
     fn scales(wb: &[u8]) -> (f32, f32) {

@@ -10,9 +10,10 @@
 //! batches; one row at a time streams the weights sequentially), or, for [`PANEL_MIN_ROWS`]
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
-//! 16 activation rows; with AVX-512 VNNI the panels hold 16 rows, one per 512-bit register
-//! (`gemm_avx512`), and with AMX 16 weight rows × 16 activation rows of a block's integer
-//! sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). Every path computes
+//! 16 activation rows. With AVX-512 VNNI the row kernel takes sixteen blocks per step
+//! (`dot_avx512`) and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one per
+//! 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
+//! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). Every path computes
 //! each output with the same operations in the same order ([`super::format`]), so a row's
 //! result does not depend on the batch it is in.
 
@@ -30,9 +31,18 @@ use super::q8_1::{quantize_q8_1, BlockQ8_1};
 use super::q8_k::{quantize_q8_k, BlockQ8K};
 use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 
-/// Smallest batch that takes the panel GEMM on AVX2: below it, a panel's eight lanes would be
+/// Smallest batch that takes the panel GEMM on AVX2 (see [`PANEL16_MIN_ROWS`] for AVX-512):
+/// below it, a panel's eight lanes would be
 /// mostly empty and the row dot products (four rows per weight unpack) do as well.
 pub const PANEL_MIN_ROWS: usize = 6;
+
+/// Smallest batch that takes the 16-row panel GEMM on AVX-512 VNNI (and AMX below
+/// [`AMX_MIN_ROWS`]): its cost hardly depends on the rows it fills, while the row kernel's
+/// grows with every row. Measured on a 2-core AVX-512 Xeon (criterion
+/// `q4_1_step_30_layers_m*`, the 210 weight matmuls of a SmolLM2 step), the row kernel took
+/// 1.0, 1.56, 2.2 and 3.2 times its one-row time at 1 to 4 rows, the GEMM about 3 times at
+/// every batch from 2 to 8: equal at four rows.
+pub const PANEL16_MIN_ROWS: usize = 4;
 
 /// Smallest batch that takes the AMX GEMM (with [`DotKernel::Amx`]); smaller batches run the
 /// AVX-512 GEMM. Each block's tile product must be stored and scaled by the vector units, so
@@ -64,6 +74,9 @@ pub struct QuantizedActivations {
     panels: OnceLock<Vec<PanelBlock>>,
     /// The same as 16-row panels, for the AVX-512 GEMM.
     panels16: OnceLock<Vec<Panel16Block>>,
+    /// Every row's whole 16-block steps in the AVX-512 row kernel's order.
+    #[cfg(target_arch = "x86_64")]
+    interleaved16: OnceLock<Vec<super::dot_avx512::Interleaved16>>,
 }
 
 /// Every row's Q8_1 blocks.
@@ -103,6 +116,8 @@ impl QuantizedActivations {
             q8_k: OnceLock::new(),
             panels: OnceLock::new(),
             panels16: OnceLock::new(),
+            #[cfg(target_arch = "x86_64")]
+            interleaved16: OnceLock::new(),
         }
     }
 
@@ -173,6 +188,24 @@ impl QuantizedActivations {
             blocks: &q.blocks[r.clone()],
             d: &q.d[r.clone()],
             s: &q.s[r],
+        }
+    }
+
+    /// Row `i` for the AVX-512 row kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn row16(&self, i: usize) -> super::dot_avx512::XRow16<'_> {
+        let rows = self.interleaved16.get_or_init(|| {
+            let nb = self.k / QK;
+            self.q8_1()
+                .blocks
+                .chunks_exact(nb.max(1))
+                .take(self.m)
+                .map(super::dot_avx512::Interleaved16::new)
+                .collect()
+        });
+        super::dot_avx512::XRow16 {
+            row: self.row(i),
+            lanes: &rows[i].lanes,
         }
     }
 
@@ -284,6 +317,14 @@ fn check_shapes(
     row_bytes
 }
 
+/// Smallest batch that takes `kernel`'s panel GEMM rather than its row kernel.
+fn panel_min_rows(kernel: DotKernel) -> usize {
+    match kernel {
+        DotKernel::Avx512Vnni | DotKernel::Amx => PANEL16_MIN_ROWS,
+        _ => PANEL_MIN_ROWS,
+    }
+}
+
 /// Weight rows per rayon task: one task below [`PAR_MIN_BLOCKS`] products of 32 weights,
 /// else several per thread so an unlucky (preempted) thread does not hold up the call, in
 /// whole groups of 16 weight rows (the AMX tile product's rows).
@@ -378,12 +419,16 @@ fn run<F: Format>(
     let rows: Vec<XRow<'_>> = (0..m).map(|i| xq.row(i)).collect();
     let simd = kernel != DotKernel::Portable;
     let vnni = kernel.rows_use_vnni();
-    let batched = m >= PANEL_MIN_ROWS;
+    let batched = m >= panel_min_rows(kernel);
     let amx = kernel == DotKernel::Amx && m >= AMX_MIN_ROWS;
     let panels16 = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && batched)
         .then(|| xq.panels16());
     let panels =
         (matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni) && batched).then(|| xq.panels());
+    #[cfg(target_arch = "x86_64")]
+    let rows16: Option<Vec<_>> = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
+        && !batched)
+        .then(|| (0..m).map(|i| xq.row16(i)).collect());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -404,6 +449,10 @@ fn run<F: Format>(
                 }
                 if let Some(p) = panels16 {
                     super::gemm_avx512::gemm::<F>(wr, cols, nb, p, m, &mut o);
+                    return;
+                }
+                if let Some(x16) = &rows16 {
+                    super::dot_avx512::rows::<F>(wr, cols, nb, x16, &mut o);
                     return;
                 }
                 match (panels, vnni) {
@@ -521,6 +570,13 @@ pub(crate) mod tests {
             (16, 576, 1536),
             (3, 1536, 576),
             (1, 32, 1),
+            // The AVX-512 row kernel's 16-block steps: exactly one, with tails of one to
+            // fifteen blocks, several, for one to five rows.
+            (1, 512, 33),
+            (2, 1024, 7),
+            (3, 544, 5),
+            (5, 1568, 3),
+            (2, 992, 4),
             (5, 64, 9),
             (6, 64, 9),
             (7, 96, 3),

@@ -13,7 +13,7 @@ use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
-use crate::speculative::{NgramProposer, SpeculationStats, SpeculativeConfig};
+use crate::speculative::{ProposalRequest, Proposer, SpeculationStats, SpeculativeConfig};
 
 /// State owned by the engine thread.
 pub(crate) struct EngineCore {
@@ -26,7 +26,7 @@ pub(crate) struct EngineCore {
     prefill_rate: PrefillRate,
     speculative: SpeculativeConfig,
     /// The proposer, when speculative decoding is on.
-    proposer: Option<NgramProposer>,
+    proposer: Option<Proposer>,
     speculation: SpeculationStats,
 }
 
@@ -36,6 +36,7 @@ impl EngineCore {
         tokenizer: Arc<Tokenizer>,
         config: &EngineConfig,
         num_blocks: usize,
+        proposer: Option<Proposer>,
         shared_stats: watch::Sender<SchedulerStats>,
     ) -> Self {
         let scheduler = Scheduler::new(SchedulerConfig {
@@ -55,14 +56,19 @@ impl EngineCore {
             metrics: EngineMetrics,
             shared_stats,
             prefill_rate: PrefillRate::default(),
-            speculative: config.speculative,
-            proposer: config.speculative.proposer(),
+            speculative: config.speculative.clone(),
+            proposer,
             speculation: SpeculationStats::default(),
         }
     }
 
     /// Runs until every engine handle is dropped and no work is left.
     pub fn run(mut self, commands: mpsc::Receiver<Command>) {
+        // Timed here, on the kernels' pool, where every later step runs.
+        if let Some(Proposer::Draft(draft)) = &mut self.proposer {
+            let cfg = self.scheduler.config();
+            draft.calibrate(&mut self.executor, cfg.num_blocks, cfg.block_size);
+        }
         loop {
             if self.seqs.is_empty() {
                 // Idle: sleep until a request arrives (or every sender is gone).
@@ -78,9 +84,14 @@ impl EngineCore {
             if !self.seqs.is_empty() {
                 self.step();
             }
+            let (draft_kv_blocks, draft_kv_free_blocks) =
+                self.proposer.as_ref().map_or((0, 0), Proposer::kv_blocks);
             let stats = SchedulerStats {
                 prefill_tokens_per_s: self.prefill_rate.tokens_per_s(),
                 speculation: self.speculation,
+                draft_kv_blocks,
+                draft_kv_free_blocks,
+                draft_cost: self.proposer.as_ref().map_or(0.0, Proposer::proposal_cost),
                 ..self.scheduler.stats()
             };
             self.metrics.publish(&stats);
@@ -134,6 +145,7 @@ impl EngineCore {
         for id in gone {
             tracing::debug!(seq = id, "client gone; sequence cancelled");
             self.scheduler.finish(id);
+            self.forget_proposals(id);
             self.seqs.remove(&id);
         }
     }
@@ -168,6 +180,7 @@ impl EngineCore {
                         state.fail(format!("model error: {e}"));
                     }
                     self.scheduler.finish(s.id);
+                    self.forget_proposals(s.id);
                 }
                 return;
             }
@@ -213,7 +226,9 @@ impl EngineCore {
 
     /// Counts this step's verifications.
     fn record_speculation(&mut self, batch: &[ScheduledSeq], drawn: &[(SeqId, Drawn)]) {
-        let proposer = self.speculative.method.name();
+        let Some(proposer) = self.proposer.as_ref().map(Proposer::name) else {
+            return;
+        };
         let spec_of: HashMap<SeqId, usize> = batch
             .iter()
             .filter(|s| s.num_spec > 0)
@@ -233,37 +248,60 @@ impl EngineCore {
 
     /// Offers each decoding sequence the proposal for its next step: as many tokens as its
     /// recent acceptance pays for, none while the batch is large enough that verification
-    /// costs nearly what it saves.
+    /// costs nearly what it saves. A draft model's own passes count in the price of a token.
     fn propose(&mut self, context_length: usize) {
-        let Some(proposer) = self.proposer else {
+        let Some(proposer) = self.proposer.as_mut() else {
             return;
         };
-        let cfg = self.speculative;
-        if self.scheduler.num_running() > cfg.max_running {
+        // A preempted sequence recomputes from scratch: its draft KV goes too.
+        let scheduler = &self.scheduler;
+        proposer.retain(|id| scheduler.is_running(id));
+        let cfg = &self.speculative;
+        if scheduler.num_running() > cfg.max_running {
             return;
         }
+        let cost = cfg.verify_cost + proposer.proposal_cost();
+        let mut requests = Vec::new();
         for (&id, state) in &mut self.seqs {
-            if !self.scheduler.is_decoding(id) {
+            if !scheduler.is_decoding(id) {
                 continue;
             }
-            // The last proposal must leave room for the target's own token.
-            let room = state.context_room(context_length).saturating_sub(1);
+            // The last proposal must leave room for the target's own token, within the
+            // context and within max_tokens.
+            let room = state
+                .context_room(context_length)
+                .min(state.remaining_tokens())
+                .saturating_sub(1);
             let k = state
                 .acceptance()
-                .num_tokens(cfg.num_speculative_tokens, cfg.verify_cost)
+                .num_tokens(cfg.num_speculative_tokens, cost)
                 .min(room);
-            let proposal = match (k, self.scheduler.sequence_tokens(id)) {
-                (0, _) | (_, None) => Vec::new(),
-                (k, Some(tokens)) => proposer.propose(tokens, k),
-            };
-            if proposal.is_empty() || self.scheduler.propose(id, proposal) == 0 {
-                state.acceptance().idle();
+            match (k, scheduler.sequence_tokens(id)) {
+                (0, _) | (_, None) => state.acceptance().idle(),
+                (k, Some(tokens)) => requests.push(ProposalRequest { id, tokens, k }),
             }
+        }
+        let proposals = proposer.propose(&requests);
+        let ids: Vec<SeqId> = requests.iter().map(|r| r.id).collect();
+        for (id, proposal) in ids.into_iter().zip(proposals) {
+            if proposal.is_empty() || self.scheduler.propose(id, proposal) == 0 {
+                if let Some(state) = self.seqs.get_mut(&id) {
+                    state.acceptance().idle();
+                }
+            }
+        }
+    }
+
+    /// Frees whatever the proposer keeps for a sequence that is gone.
+    fn forget_proposals(&mut self, id: SeqId) {
+        if let Some(p) = self.proposer.as_mut() {
+            p.free(id);
         }
     }
 
     fn finish(&mut self, id: SeqId, reason: FinishReason) {
         self.scheduler.finish(id);
+        self.forget_proposals(id);
         if let Some(state) = self.seqs.remove(&id) {
             state.complete(reason);
         }

@@ -12,6 +12,7 @@ mod request;
 mod sequence;
 
 pub use config::{Device, EngineConfig};
+pub(crate) use executor::Executor;
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
 };
@@ -25,6 +26,7 @@ use tokio::sync::watch;
 
 use crate::model::{Model, ModelConfig};
 use crate::scheduler::SchedulerStats;
+use crate::speculative::{DraftError, Proposer};
 
 /// Why the engine refused a request.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +39,9 @@ pub enum EngineError {
     TooLong { needed: usize, capacity: usize },
     #[error("{0}")]
     Invalid(String),
+    /// The draft model of `--speculative draft` cannot be used.
+    #[error(transparent)]
+    Draft(#[from] DraftError),
 }
 
 pub(crate) enum Command {
@@ -67,7 +72,8 @@ impl Engine {
         self.weight_bytes
     }
 
-    /// Allocates the KV memory and starts the engine thread.
+    /// Allocates the KV memory and starts the engine thread; with `--speculative draft`,
+    /// loads the draft model first (refused unless its vocabulary is the target's).
     pub fn start(
         model: Model,
         tokenizer: Arc<Tokenizer>,
@@ -83,7 +89,18 @@ impl Engine {
                 config.kv_bytes_per_token(&model_config)
             )));
         }
+        config
+            .speculative
+            .validate()
+            .map_err(EngineError::Invalid)?;
         let weight_bytes = model.weight_bytes();
+        let proposer = Proposer::for_config(
+            &config,
+            &tokenizer,
+            model_config.vocab_size,
+            weight_bytes,
+            num_blocks,
+        )?;
         let executor = executor::Executor::new(model, &config, num_blocks)?;
         tracing::info!(
             device = %config.device,
@@ -95,8 +112,14 @@ impl Engine {
         );
         let (commands, receiver) = mpsc::channel();
         let (stats_tx, stats) = watch::channel(SchedulerStats::default());
-        let core =
-            core::EngineCore::new(executor, tokenizer.clone(), &config, num_blocks, stats_tx);
+        let core = core::EngineCore::new(
+            executor,
+            tokenizer.clone(),
+            &config,
+            num_blocks,
+            proposer,
+            stats_tx,
+        );
         // The loop runs on a worker of the kernels' rayon pool: parallel kernels called from
         // outside a pool pay a cross-thread hand-off on every call (4× slower attention).
         let pool = rayon::ThreadPoolBuilder::new()

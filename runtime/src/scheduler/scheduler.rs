@@ -42,6 +42,13 @@ pub struct SchedulerStats {
     pub prefill_tokens_per_s: f64,
     /// Speculative decoding's totals since the engine started; set by the engine.
     pub speculation: SpeculationStats,
+    /// Blocks of the draft model's KV cache (0 without one); set by the engine.
+    pub draft_kv_blocks: usize,
+    /// Of those, held by no sequence.
+    pub draft_kv_free_blocks: usize,
+    /// A draft model's forward pass relative to a one-token step, as the choice of k
+    /// weighs it (measured or `--draft-cost`; 0 without a draft model); set by the engine.
+    pub draft_cost: f64,
 }
 
 /// Continuous-batching scheduler over a paged KV cache; see the module docs.
@@ -367,6 +374,13 @@ impl Scheduler {
         seq.proposal.len()
     }
 
+    /// Whether `id` is admitted and not complete (prefilling or decoding), not waiting.
+    pub fn is_running(&self, id: SeqId) -> bool {
+        self.seqs
+            .get(&id)
+            .is_some_and(|s| s.status == Status::Running)
+    }
+
     /// Whether `id` is decoding: prefilled, with only its last sampled token to run.
     pub fn is_decoding(&self, id: SeqId) -> bool {
         self.seqs.get(&id).is_some_and(Sequence::is_decoding)
@@ -446,6 +460,9 @@ impl Scheduler {
             recent_prompt_tokens: self.recent_prompt_tokens,
             prefill_tokens_per_s: 0.0,
             speculation: SpeculationStats::default(),
+            draft_kv_blocks: 0,
+            draft_kv_free_blocks: 0,
+            draft_cost: 0.0,
         }
     }
 

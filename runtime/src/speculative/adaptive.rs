@@ -5,7 +5,9 @@
 //! `1 + α + α² + … + α^k` tokens per step (the last is the target's own), and the step costs
 //! `1 + c·k` one-token steps, where c is what one more verified token adds to a step
 //! ([`super::SpeculativeConfig::verify_cost`]). [`best_num_tokens`] picks the k in `0..=max`
-//! with the most tokens per unit of time; 0 means speculation does not pay at this α.
+//! with the most tokens per unit of time; 0 means speculation does not pay at this α. A draft
+//! model runs one forward pass per proposed token, so for it the engine passes c + d, where d
+//! is a draft pass relative to a one-token step ([`super::SpeculativeConfig::draft_cost`]).
 //! [`Acceptance`] estimates α for a sequence from its own recent verifications.
 
 /// Expected tokens per step from proposing `k` tokens each accepted with probability

@@ -1,6 +1,8 @@
 //! Speculative decoding settings (`--speculative`, `--num-speculative-tokens`, ...).
 
-use super::NgramProposer;
+use std::path::PathBuf;
+
+use crate::model::QuantizeTo;
 
 /// How proposals are made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -10,6 +12,8 @@ pub enum SpeculativeMethod {
     Off,
     /// Prompt lookup: continue the latest earlier occurrence of the last n tokens.
     Ngram,
+    /// A smaller model of the same vocabulary proposes its greedy continuation.
+    Draft,
 }
 
 impl SpeculativeMethod {
@@ -18,6 +22,7 @@ impl SpeculativeMethod {
         match self {
             Self::Off => "off",
             Self::Ngram => "ngram",
+            Self::Draft => "draft",
         }
     }
 }
@@ -35,15 +40,16 @@ impl std::str::FromStr for SpeculativeMethod {
         match s.trim().to_ascii_lowercase().as_str() {
             "off" | "none" => Ok(Self::Off),
             "ngram" | "prompt-lookup" => Ok(Self::Ngram),
+            "draft" | "draft-model" => Ok(Self::Draft),
             other => Err(format!(
-                "unknown speculative method `{other}` (expected off or ngram)"
+                "unknown speculative method `{other}` (expected off, ngram or draft)"
             )),
         }
     }
 }
 
 /// Speculative decoding settings of one engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
     /// The proposer, or off.
     pub method: SpeculativeMethod,
@@ -62,6 +68,18 @@ pub struct SpeculativeConfig {
     /// acceptance against. The default is SmolLM2-135M's on a 2-core AMD EPYC (AVX2)
     /// (`tidal bench speculative --verify-cost`: 0.36); a GPU's is far lower.
     pub verify_cost: f64,
+    /// The draft proposer's model (`--draft-model`): a GGUF whose vocabulary is the target's.
+    pub draft_model: Option<PathBuf>,
+    /// Re-quantise the draft's weights at load (`--draft-quantize`), as `--quantize` does
+    /// the target's.
+    pub draft_quantize: Option<QuantizeTo>,
+    /// Blocks of the draft's own KV cache (`--draft-kv-blocks`); `None`: as many tokens as
+    /// the target's cache holds, plus one block per sequence for the draft tokens.
+    pub draft_kv_blocks: Option<usize>,
+    /// Time of one draft forward pass relative to a one-token target step
+    /// (`--draft-cost`): added to `verify_cost` for each token the draft proposes, since
+    /// each costs one draft step. `None`: measured when the engine starts.
+    pub draft_cost: Option<f64>,
 }
 
 impl Default for SpeculativeConfig {
@@ -73,6 +91,10 @@ impl Default for SpeculativeConfig {
             ngram_max: 4,
             max_running: 8,
             verify_cost: 0.35,
+            draft_model: None,
+            draft_quantize: None,
+            draft_kv_blocks: None,
+            draft_cost: None,
         }
     }
 }
@@ -81,15 +103,6 @@ impl SpeculativeConfig {
     /// Whether any proposals are made.
     pub fn enabled(&self) -> bool {
         self.method != SpeculativeMethod::Off && self.num_speculative_tokens > 0
-    }
-
-    /// The proposer these settings ask for, or `None` when speculation is off.
-    pub fn proposer(&self) -> Option<NgramProposer> {
-        match self.method {
-            _ if !self.enabled() => None,
-            SpeculativeMethod::Off => None,
-            SpeculativeMethod::Ngram => Some(NgramProposer::new(self.ngram_min, self.ngram_max)),
-        }
     }
 
     /// Checks that the settings can work.
@@ -106,6 +119,19 @@ impl SpeculativeConfig {
                 self.verify_cost
             ));
         }
+        if let Some(cost) = self.draft_cost {
+            if !(cost.is_finite() && cost >= 0.0) {
+                return Err(format!(
+                    "draft cost must be a non-negative number, not {cost}"
+                ));
+            }
+        }
+        if self.draft_kv_blocks == Some(0) {
+            return Err("the draft's KV cache needs at least one block".into());
+        }
+        if self.method == SpeculativeMethod::Draft && self.draft_model.is_none() {
+            return Err("--speculative draft needs a draft model (--draft-model)".into());
+        }
         Ok(())
     }
 }
@@ -118,9 +144,11 @@ mod tests {
     fn methods_parse_and_print() {
         assert_eq!("ngram".parse(), Ok(SpeculativeMethod::Ngram));
         assert_eq!("OFF".parse(), Ok(SpeculativeMethod::Off));
+        assert_eq!("draft".parse(), Ok(SpeculativeMethod::Draft));
         assert_eq!(SpeculativeMethod::Ngram.to_string(), "ngram");
+        assert_eq!(SpeculativeMethod::Draft.to_string(), "draft");
         let e = "medusa".parse::<SpeculativeMethod>().unwrap_err();
-        assert!(e.contains("off or ngram"), "{e}");
+        assert!(e.contains("off, ngram or draft"), "{e}");
     }
 
     #[test]
@@ -129,19 +157,41 @@ mod tests {
         assert_eq!(ok.validate(), Ok(()));
         assert!(!ok.enabled());
         for bad in [
-            SpeculativeConfig { ngram_min: 0, ..ok },
+            SpeculativeConfig {
+                ngram_min: 0,
+                ..ok.clone()
+            },
             SpeculativeConfig {
                 ngram_min: 5,
                 ngram_max: 4,
-                ..ok
+                ..ok.clone()
             },
             SpeculativeConfig {
                 verify_cost: f64::NAN,
-                ..ok
+                ..ok.clone()
+            },
+            SpeculativeConfig {
+                draft_cost: Some(-1.0),
+                ..ok.clone()
+            },
+            SpeculativeConfig {
+                draft_kv_blocks: Some(0),
+                ..ok.clone()
+            },
+            // A draft proposer without its model.
+            SpeculativeConfig {
+                method: SpeculativeMethod::Draft,
+                ..ok.clone()
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+        let draft = SpeculativeConfig {
+            method: SpeculativeMethod::Draft,
+            draft_model: Some("draft.gguf".into()),
+            ..ok.clone()
+        };
+        assert_eq!(draft.validate(), Ok(()));
         let on = SpeculativeConfig {
             method: SpeculativeMethod::Ngram,
             ..ok

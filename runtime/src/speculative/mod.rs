@@ -20,17 +20,26 @@
 //!
 //! - [`ngram`]: prompt lookup, the continuation of the latest earlier occurrence of the
 //!   sequence's last few tokens (no extra model).
+//! - `draft`: a smaller model of the same vocabulary (`--draft-model`) proposes its greedy
+//!   continuation, batched over the sequences, from a paged KV cache of its own
+//!   (`draft_cache`) that keeps only tokens the sequence really has.
 //! - [`adaptive`]: how many tokens to propose for a sequence, from its recent acceptance and
-//!   what a longer step costs.
+//!   what a longer step costs (for a draft model, its own forward passes too).
 
 pub mod adaptive;
 mod config;
+mod draft;
+mod draft_cache;
+mod draft_load;
 pub mod ngram;
+mod proposer;
 mod stats;
 pub mod verify;
 
 pub use adaptive::{best_num_tokens, Acceptance};
 pub use config::{SpeculativeConfig, SpeculativeMethod};
+pub use draft_load::{check_vocabulary, DraftError};
 pub use ngram::NgramProposer;
+pub(crate) use proposer::{ProposalRequest, Proposer};
 pub use stats::SpeculationStats;
 pub use verify::verify;

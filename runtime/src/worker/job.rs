@@ -99,6 +99,8 @@ fn engine_error(e: EngineError) -> ApiError {
         EngineError::TooLong { .. } => ApiError::invalid("max_tokens", e.to_string()),
         EngineError::Invalid(m) => ApiError::bad_request(m),
         EngineError::Stopped => ApiError::unavailable("the engine has stopped"),
+        // Only a starting engine refuses its draft model.
+        EngineError::Draft(_) => ApiError::unavailable(e.to_string()),
     }
 }
 

@@ -1,0 +1,410 @@
+//! AVX-512 VNNI quantised matmul for decode and small batches: one weight row at a time (read
+//! sequentially, as [`super::dot_avx2`]) against up to four activation rows, sixteen blocks
+//! per step.
+//!
+//! The AVX2 row kernel spends most of its instructions turning each block's eight partial
+//! sums into one (a `hadd` tree per four blocks) and gathering f16 scales one at a time. Here
+//! a step takes 16 blocks as four 512-bit vectors of 16-byte halves: vector `j` holds, in its
+//! 128-bit segment `s`, half of block `4s + j`. Two `vpdpbusd` per vector (low and high
+//! halves) leave each block's products in one segment, and one transposing reduction of the
+//! four vectors (`unpack` and `add`, as a 4×4 transpose) turns them into the sixteen exact
+//! block sums in block order, lane `b` = block `b`. Each weight's `d` (and Q4_1's `m`) comes
+//! from one 16-lane gather. The activations are laid out once per input in the same
+//! segment order ([`Interleaved16`]), so they are plain aligned loads.
+//!
+//! The arithmetic is the common one ([`super::format`]): exact i32 block sums, block `b` into
+//! chain `b % 4` with `fma(Σ, d·d8)` then `fma(m, s8)`, in block order (four 4-wide FMAs per
+//! step, one per group of four blocks), chains summed as `(a0 + a1) + (a2 + a3)`. A last
+//! partial step reads only its blocks (masked loads) and runs only the groups that hold one,
+//! as the other kernels' tails; so results are bit-identical to every other kernel.
+
+use std::arch::x86_64::*;
+
+use super::dot_avx2::{chain_totals, store};
+use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
+use super::matmul::{OutCols, XRow};
+use super::q4_1::QK;
+use super::q8_1::BlockQ8_1;
+use crate::prefetch;
+
+/// Blocks per step.
+pub(super) const STEP: usize = 16;
+
+/// 64 activation bytes: four 16-byte halves of four blocks, one per 128-bit segment.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+pub(super) struct Lane64(pub [i8; 64]);
+
+/// One activation row's 16-block steps in the kernel's order: per step, for `j` in `0..4`,
+/// the low halves (values 0..16) of blocks `j, 4 + j, 8 + j, 12 + j`, then their high halves
+/// (values 16..32). A last partial step is padded with zeros.
+#[derive(Debug, Clone)]
+pub(super) struct Interleaved16 {
+    /// `8` lanes per step.
+    pub lanes: Vec<Lane64>,
+}
+
+impl Interleaved16 {
+    /// The steps of `blocks` (a row's Q8_1 blocks) in the kernel's order.
+    pub(super) fn new(blocks: &[BlockQ8_1]) -> Self {
+        let steps = blocks.len().div_ceil(STEP);
+        let mut lanes = vec![Lane64([0; 64]); steps * 8];
+        for (step, group) in blocks.chunks(STEP).enumerate() {
+            for j in 0..CHAINS {
+                for half in 0..2 {
+                    let lane = &mut lanes[step * 8 + 2 * j + half].0;
+                    for s in 0..4 {
+                        if let Some(b) = group.get(4 * s + j) {
+                            lane[16 * s..16 * s + 16]
+                                .copy_from_slice(&b.qs[16 * half..16 * half + 16]);
+                        }
+                    }
+                }
+            }
+        }
+        Self { lanes }
+    }
+}
+
+/// An activation row as this kernel reads it: the Q8_1 blocks (for `d`, `s` and the tail)
+/// and the interleaved steps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct XRow16<'a> {
+    pub row: XRow<'a>,
+    pub lanes: &'a [Lane64],
+}
+
+/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; `w` is `rows` rows of `nb` blocks of
+/// `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and `s`) and
+/// `nb / STEP * 8` lanes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn rows<F: Format>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: &[XRow16<'_>],
+    out: &mut OutCols,
+) {
+    let row_bytes = nb * F::BLOCK_BYTES;
+    debug_assert_eq!(w.len(), rows * row_bytes);
+    for (j, wr) in w.chunks_exact(row_bytes.max(1)).take(rows).enumerate() {
+        let mut i = 0;
+        while i < xs.len() {
+            let left = xs.len() - i;
+            // SAFETY (all arms): features by contract; wr is nb blocks, each row nb blocks.
+            let n = match left {
+                1 => store(out, i, j, unsafe { dot::<F, 1>(wr, nb, [xs[i]]) }),
+                2 => store(out, i, j, unsafe {
+                    dot::<F, 2>(wr, nb, [xs[i], xs[i + 1]])
+                }),
+                3 => store(out, i, j, unsafe {
+                    dot::<F, 3>(wr, nb, [xs[i], xs[i + 1], xs[i + 2]])
+                }),
+                _ => store(out, i, j, unsafe {
+                    dot::<F, 4>(wr, nb, [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]])
+                }),
+            };
+            i += n;
+        }
+    }
+}
+
+/// Weight row `wr` against `R` activation rows.
+#[inline(always)]
+unsafe fn dot<F: Format, const R: usize>(wr: &[u8], nb: usize, xs: [XRow16<'_>; R]) -> [f32; R] {
+    debug_assert_eq!(wr.len(), nb * F::BLOCK_BYTES);
+    // SAFETY (whole function): steps cover blocks 0..nb / STEP * STEP of the weight row and
+    // of every activation row (with their lanes); the tail is the AVX2 step's contract;
+    // features by the caller's contract.
+    unsafe {
+        let mut acc = [_mm_setzero_ps(); R];
+        // Byte offsets of the 16 blocks' `d` (and Q4_1's `m` after it) from a step's start.
+        let offsets = _mm512_set_epi32(
+            15 * F::BLOCK_BYTES as i32,
+            14 * F::BLOCK_BYTES as i32,
+            13 * F::BLOCK_BYTES as i32,
+            12 * F::BLOCK_BYTES as i32,
+            11 * F::BLOCK_BYTES as i32,
+            10 * F::BLOCK_BYTES as i32,
+            9 * F::BLOCK_BYTES as i32,
+            8 * F::BLOCK_BYTES as i32,
+            7 * F::BLOCK_BYTES as i32,
+            6 * F::BLOCK_BYTES as i32,
+            5 * F::BLOCK_BYTES as i32,
+            4 * F::BLOCK_BYTES as i32,
+            3 * F::BLOCK_BYTES as i32,
+            2 * F::BLOCK_BYTES as i32,
+            F::BLOCK_BYTES as i32,
+            0,
+        );
+        let whole = nb / STEP;
+        for step in 0..whole {
+            step16::<F, R, false>(wr, step, STEP, offsets, &xs, &mut acc);
+        }
+        if nb > whole * STEP {
+            step16::<F, R, true>(wr, whole, nb - whole * STEP, offsets, &xs, &mut acc);
+        }
+        chain_totals(acc)
+    }
+}
+
+/// Blocks `16 step..16 step + count` of weight row `wr` against `R` activation rows, added to
+/// the chains. A partial step (`PARTIAL`, `count < 16`) reads only its blocks (masked loads
+/// and gather) and runs only the chain groups that hold one, as the AVX2 kernel's tail does.
+///
+/// # Safety
+/// As [`dot`]; `count` blocks from block `16 step` exist in the weight row and every
+/// activation row, whose lanes hold step `step`.
+#[inline(always)]
+unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
+    wr: &[u8],
+    step: usize,
+    count: usize,
+    offsets: __m512i,
+    xs: &[XRow16<'_>; R],
+    acc: &mut [__m128; R],
+) {
+    // SAFETY (whole function): by the caller's contract; masked loads and the masked gather
+    // touch only blocks below `count`.
+    unsafe {
+        let base = wr.as_ptr().add(step * STEP * F::BLOCK_BYTES);
+        let valid: __mmask16 = if PARTIAL {
+            (1u32 << count) as u16 - 1
+        } else {
+            0xFFFF
+        };
+        prefetch::lines(
+            base.wrapping_add(WEIGHTS_AHEAD),
+            (STEP * F::BLOCK_BYTES).div_ceil(prefetch::LINE),
+        );
+        // The step's weights, unpacked once for all rows: (low, high) halves of vector j.
+        let mut wv = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
+        for (j, v) in wv.iter_mut().enumerate() {
+            *v = halves::<F, PARTIAL>(base, j, count);
+        }
+        let mut isum = [_mm512_setzero_si512(); R];
+        for r in 0..R {
+            let xl = &xs[r].lanes[step * 8..step * 8 + 8];
+            let mut v = [_mm512_setzero_si512(); 4];
+            for j in 0..4 {
+                v[j] = block_products::<F>(wv[j], &xl[2 * j], &xl[2 * j + 1]);
+            }
+            // The 4×4 transposing reduction, per segment s: first
+            // [v0[0] + v0[2], v1[0] + v1[2], v0[1] + v0[3], v1[1] + v1[3]] (and v2, v3),
+            // then the sums of vectors 0..4, i.e. blocks 4s..4s + 4.
+            let p01 = _mm512_add_epi32(
+                _mm512_unpacklo_epi32(v[0], v[1]),
+                _mm512_unpackhi_epi32(v[0], v[1]),
+            );
+            let p23 = _mm512_add_epi32(
+                _mm512_unpacklo_epi32(v[2], v[3]),
+                _mm512_unpackhi_epi32(v[2], v[3]),
+            );
+            isum[r] = _mm512_add_epi32(
+                _mm512_unpacklo_epi64(p01, p23),
+                _mm512_unpackhi_epi64(p01, p23),
+            );
+        }
+        let dm = if PARTIAL {
+            _mm512_mask_i32gather_epi32::<1>(
+                _mm512_setzero_si512(),
+                valid,
+                offsets,
+                base as *const i32,
+            )
+        } else {
+            _mm512_i32gather_epi32::<1>(offsets, base as *const i32)
+        };
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        let m = match F::M_AT {
+            Some(_) => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
+            None => _mm512_mul_ps(d, _mm512_set1_ps(F::M_PER_D)),
+        };
+        let groups = if PARTIAL { count.div_ceil(CHAINS) } else { 4 };
+        for r in 0..R {
+            let (pd, ps) = (
+                xs[r].row.d.as_ptr().add(step * STEP),
+                xs[r].row.s.as_ptr().add(step * STEP),
+            );
+            let (d8, s8) = if PARTIAL {
+                (
+                    _mm512_maskz_loadu_ps(valid, pd),
+                    _mm512_maskz_loadu_ps(valid, ps),
+                )
+            } else {
+                (_mm512_loadu_ps(pd), _mm512_loadu_ps(ps))
+            };
+            let sums = _mm512_cvtepi32_ps(isum[r]);
+            let dd = _mm512_mul_ps(d, d8);
+            acc[r] = chain4(acc[r], sums, dd, m, s8, F::HAS_OFFSET, groups);
+        }
+    }
+}
+
+/// One vector's products: in segment `s`, the four i32 partial sums of block `4s + j` (weights
+/// `w` as (low, high) halves against the activation lanes `xlo`, `xhi`).
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI available.
+#[inline(always)]
+unsafe fn block_products<F: Format>(w: (__m512i, __m512i), xlo: &Lane64, xhi: &Lane64) -> __m512i {
+    // SAFETY: lanes are 64 aligned bytes; features by the caller's contract.
+    unsafe {
+        let mut xlo = _mm512_load_si512(xlo.0.as_ptr() as *const __m512i);
+        let mut xhi = _mm512_load_si512(xhi.0.as_ptr() as *const __m512i);
+        let (lo, hi) = w;
+        let (wlo, whi) = if F::SIGNED {
+            // vpdpbusd multiplies unsigned by signed bytes: |q| against x with q's sign (q8
+            // is within ±127, so the negation cannot wrap).
+            let zero = _mm512_setzero_si512();
+            xlo = _mm512_mask_sub_epi8(xlo, _mm512_movepi8_mask(lo), zero, xlo);
+            xhi = _mm512_mask_sub_epi8(xhi, _mm512_movepi8_mask(hi), zero, xhi);
+            (_mm512_abs_epi8(lo), _mm512_abs_epi8(hi))
+        } else {
+            (lo, hi)
+        };
+        let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wlo, xlo);
+        _mm512_dpbusd_epi32(p, whi, xhi)
+    }
+}
+
+/// Adds the first `groups` groups of four of 16 blocks, in block order, to the four chains:
+/// for each group `acc = fma(sums, dd, acc)`, then `acc = fma(m, s8, acc)` where the format
+/// has an offset.
+///
+/// # Safety
+/// AVX-512 F and FMA available.
+#[inline(always)]
+unsafe fn chain4(
+    mut acc: __m128,
+    sums: __m512,
+    dd: __m512,
+    m: __m512,
+    s8: __m512,
+    offset: bool,
+    groups: usize,
+) -> __m128 {
+    // SAFETY: by the caller's contract.
+    unsafe {
+        macro_rules! group {
+            ($g:literal) => {
+                acc = _mm_fmadd_ps(
+                    _mm512_extractf32x4_ps::<$g>(sums),
+                    _mm512_extractf32x4_ps::<$g>(dd),
+                    acc,
+                );
+                if offset {
+                    acc = _mm_fmadd_ps(
+                        _mm512_extractf32x4_ps::<$g>(m),
+                        _mm512_extractf32x4_ps::<$g>(s8),
+                        acc,
+                    );
+                }
+            };
+        }
+        group!(0);
+        if groups > 1 {
+            group!(1);
+        }
+        if groups > 2 {
+            group!(2);
+        }
+        if groups > 3 {
+            group!(3);
+        }
+        acc
+    }
+}
+
+/// The `q` of vector `j` of the step at `base`: segment `s` holds weights 0..16 (first
+/// vector) and 16..32 (second) of block `4s + j`, as unsigned bytes (signed for Q8_0); with
+/// `PARTIAL`, zeros for blocks from `count` on, which are not read.
+///
+/// # Safety
+/// AVX-512 F/BW/VL available; the step's blocks below `count` (all 16 unless `PARTIAL`) are
+/// readable at `base`.
+#[inline(always)]
+unsafe fn halves<F: Format, const PARTIAL: bool>(
+    base: *const u8,
+    j: usize,
+    count: usize,
+) -> (__m512i, __m512i) {
+    // SAFETY: only blocks 4s + j below `count` are read (caller's contract).
+    unsafe {
+        let block = |s: usize| base.add((4 * s + j) * F::BLOCK_BYTES);
+        let live = |s: usize| !PARTIAL || 4 * s + j < count;
+        let at4 = |at: usize| [0, 1, 2, 3].map(|s| (live(s), block(s).wrapping_add(at)));
+        match F::QS_AT {
+            QsLayout::Nibbles { at, high_bits } => {
+                let v = load4::<PARTIAL>(at4(at));
+                let mask = _mm512_set1_epi8(0x0F);
+                let mut lo = _mm512_and_si512(v, mask);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
+                if let Some(at_h) = high_bits {
+                    // Q5_0: bit i of the block's 32-bit `qh` is weight i's fifth bit.
+                    let mut mlo = 0u64;
+                    let mut mhi = 0u64;
+                    for s in (0..4).filter(|&s| live(s)) {
+                        let qh = (block(s).add(at_h) as *const u32).read_unaligned() as u64;
+                        mlo |= (qh & 0xFFFF) << (16 * s);
+                        mhi |= (qh >> 16) << (16 * s);
+                    }
+                    let five = _mm512_set1_epi8(0x10);
+                    lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(mlo, five));
+                    hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(mhi, five));
+                }
+                (lo, hi)
+            }
+            QsLayout::Bytes { at } => (load4::<PARTIAL>(at4(at)), load4::<PARTIAL>(at4(at + 16))),
+        }
+    }
+}
+
+/// 16 bytes from each of four addresses, one per 128-bit segment; with `PARTIAL`, zeros
+/// (and no read) for an address whose flag is false.
+///
+/// # Safety
+/// AVX-512 F/BW/VL available; 16 bytes readable at each address read.
+#[inline(always)]
+unsafe fn load4<const PARTIAL: bool>(p: [(bool, *const u8); 4]) -> __m512i {
+    // SAFETY: by the caller's contract; unaligned loads, masked ones fault on no masked-out
+    // byte.
+    unsafe {
+        let v = _mm512_castsi128_si512(load16::<PARTIAL>(p[0]));
+        let v = _mm512_inserti32x4::<1>(v, load16::<PARTIAL>(p[1]));
+        let v = _mm512_inserti32x4::<2>(v, load16::<PARTIAL>(p[2]));
+        _mm512_inserti32x4::<3>(v, load16::<PARTIAL>(p[3]))
+    }
+}
+
+/// 16 bytes at `p`; with `PARTIAL` and `live` false, zeros without a read.
+///
+/// # Safety
+/// AVX-512 BW/VL available; 16 bytes readable at `p` if it is read.
+#[inline(always)]
+unsafe fn load16<const PARTIAL: bool>((live, p): (bool, *const u8)) -> __m128i {
+    // SAFETY: by the caller's contract (a masked-out byte is never read).
+    unsafe {
+        if PARTIAL {
+            _mm_maskz_loadu_epi8(if live { 0xFFFF } else { 0 }, p as *const i8)
+        } else {
+            _mm_loadu_si128(p as *const __m128i)
+        }
+    }
+}
+
+/// Where a block's `q` are (the trait's [`Format::QS_AT`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum QsLayout {
+    /// 16 bytes of nibbles at `at` (low nibbles weights 0..16, high 16..32), and for Q5_0 the
+    /// 32-bit fifth bits at `high_bits`.
+    Nibbles { at: usize, high_bits: Option<usize> },
+    /// 32 signed bytes at `at`.
+    Bytes { at: usize },
+}
+
+/// Checks at compile time that the four halves of a block are 16 bytes (a segment).
+const _: () = assert!(QK == 32);

@@ -65,6 +65,22 @@ fn sampled(prompt: Vec<u32>, max_tokens: usize, seed: u64, logprobs: bool) -> Ge
 }
 
 /// Runs every request concurrently and returns the outputs in order.
+/// KV memory of 12 blocks of 16 tokens (f16 K and V, 30 layers × 3 heads × 64) for six
+/// sequences of ~60 tokens: constant preemption.
+const TIGHT_KV_MEMORY: usize = 12 * 16 * (2 * 30 * 3 * 64 * 2);
+
+/// Greedy requests of `max_tokens` for every prompt, and their outputs without speculation.
+fn greedy_without_speculation(max_tokens: usize) -> (Vec<GenerationRequest>, Vec<Output>) {
+    let (off, _) = engine(config(SpeculativeMethod::Off));
+    let tok = off.tokenizer().clone();
+    let requests: Vec<_> = prompts(&tok)
+        .into_iter()
+        .map(|p| greedy(p, max_tokens))
+        .collect();
+    let expected = run_all(&off, &requests);
+    (requests, expected)
+}
+
 fn run_all(engine: &Engine, requests: &[GenerationRequest]) -> Vec<Output> {
     let receivers: Vec<_> = requests
         .iter()
@@ -205,15 +221,9 @@ fn seeded_sampling_and_logprobs_are_the_same_with_and_without_speculation() {
 
 #[test]
 fn preempted_and_resumed_sequences_keep_their_tokens() {
-    let (off, _) = engine(config(SpeculativeMethod::Off));
-    let tok = off.tokenizer().clone();
-    let requests: Vec<_> = prompts(&tok).into_iter().map(|p| greedy(p, 40)).collect();
-    let expected = run_all(&off, &requests);
-    drop(off);
-    // 12 blocks of 16 tokens for six sequences of ~60 tokens: constant preemption.
-    let bytes_per_token = 2 * 30 * 3 * 64 * 2;
+    let (requests, expected) = greedy_without_speculation(40);
     let (tight, _) = engine(EngineConfig {
-        kv_cache_memory: 12 * 16 * bytes_per_token,
+        kv_cache_memory: TIGHT_KV_MEMORY,
         ..config(SpeculativeMethod::Ngram)
     });
     let got = run_all(&tight, &requests);
@@ -228,6 +238,7 @@ fn preempted_and_resumed_sequences_keep_their_tokens() {
 
     // Resumed after 17 delivered tokens on an engine with speculation.
     let (on, _) = engine(config(SpeculativeMethod::Ngram));
+    let tok = on.tokenizer().clone();
     for (r, w) in requests.iter().zip(&expected).take(3) {
         let delivered = &w.ids[..17];
         let text_len = tok.decode(delivered).len();
@@ -294,15 +305,10 @@ fn a_requantised_draft_model_leaves_greedy_tokens_unchanged() {
 
 #[test]
 fn a_draft_model_survives_preemption_and_a_full_draft_cache() {
-    let (off, _) = engine(config(SpeculativeMethod::Off));
-    let tok = off.tokenizer().clone();
-    let requests: Vec<_> = prompts(&tok).into_iter().map(|p| greedy(p, 40)).collect();
-    let expected = run_all(&off, &requests);
-    drop(off);
-    // 12 target blocks for six sequences of ~60 tokens, and draft blocks for about two.
-    let bytes_per_token = 2 * 30 * 3 * 64 * 2;
+    let (requests, expected) = greedy_without_speculation(40);
+    // Draft blocks for about two of the six sequences.
     let mut config = draft_config(None);
-    config.kv_cache_memory = 12 * 16 * bytes_per_token;
+    config.kv_cache_memory = TIGHT_KV_MEMORY;
     config.speculative.draft_kv_blocks = Some(9);
     config.speculative.max_running = 64;
     let (tight, _) = engine(config);

@@ -156,7 +156,7 @@ impl Sampler {
 }
 
 /// Index of the largest logit, ties to the lowest id (0 for an empty slice).
-fn argmax(logits: &[f32]) -> u32 {
+pub(crate) fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
     for (i, &l) in logits.iter().enumerate() {
         if l > logits[best] {

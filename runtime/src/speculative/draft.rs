@@ -20,9 +20,11 @@ use std::time::Instant;
 
 use super::draft_cache::DraftCache;
 use super::proposer::ProposalRequest;
+use crate::bench::median;
 use crate::engine::Executor;
 use crate::kv_cache::SeqId;
 use crate::model::{ForwardBatch, ForwardSeq};
+use crate::sampling::argmax;
 
 /// A draft model with its KV cache; see the module docs.
 pub(crate) struct DraftProposer {
@@ -181,21 +183,21 @@ impl DraftProposer {
                 })
                 .collect(),
         };
-        let logits = match self.executor.forward(&batch) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "draft catch-up pass failed; no proposals");
-                return false;
-            }
+        let proposing = plans.iter().filter(|p| p.done).count();
+        let Some(logits) = pass(
+            &mut self.executor,
+            self.vocab,
+            &batch,
+            proposing,
+            "catch-up",
+        ) else {
+            return false;
         };
         let mut rows = logits.chunks_exact(self.vocab);
         for p in plans {
             self.cache.fed(p.id, &p.tokens[p.start..p.start + p.len]);
-            if p.done {
-                match rows.next() {
-                    Some(row) => out[p.index].push(argmax(row)),
-                    None => return false,
-                }
+            if let (true, Some(row)) = (p.done, rows.next()) {
+                out[p.index].push(argmax(row));
             }
         }
         true
@@ -219,16 +221,15 @@ impl DraftProposer {
                     })
                     .collect(),
             };
-            let logits = match self.executor.forward(&batch) {
-                Ok(l) => l,
-                Err(e) => {
-                    tracing::warn!(error = %e, "draft decode pass failed; no proposals");
-                    return false;
-                }
-            };
-            if logits.len() != active.len() * self.vocab {
+            let Some(logits) = pass(
+                &mut self.executor,
+                self.vocab,
+                &batch,
+                active.len(),
+                "decode",
+            ) else {
                 return false;
-            }
+            };
             for ((p, token), row) in active.iter().zip(&fed).zip(logits.chunks_exact(self.vocab)) {
                 self.cache.fed(p.id, std::slice::from_ref(token));
                 out[p.index].push(argmax(row));
@@ -262,15 +263,30 @@ impl DraftProposer {
     }
 }
 
-/// Index of the largest logit (the first among equals; NaN never wins).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = (0, f32::NEG_INFINITY);
-    for (i, &x) in row.iter().enumerate() {
-        if x > best.1 {
-            best = (i, x);
+/// One draft forward pass that must return `rows` rows of logits; `None` (logged) when
+/// it fails or returns another number.
+fn pass(
+    executor: &mut Executor,
+    vocab: usize,
+    batch: &ForwardBatch<'_>,
+    rows: usize,
+    what: &str,
+) -> Option<Vec<f32>> {
+    match executor.forward(batch) {
+        Ok(logits) if logits.len() == rows * vocab => Some(logits),
+        Ok(logits) => {
+            tracing::warn!(
+                rows = logits.len() / vocab.max(1),
+                expected = rows,
+                "draft {what} pass returned the wrong logits; no proposals"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "draft {what} pass failed; no proposals");
+            None
         }
     }
-    best.0 as u32
 }
 
 /// Positions each model's KV must hold to be timed: a warm-up prompt (its first pass also
@@ -340,11 +356,6 @@ impl<'a> Stepper<'a> {
     fn step(&mut self, position: usize) -> Option<f64> {
         self.run(position, 1)
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 pub mod capacity;
 pub mod observed;
 pub mod policy;
+pub mod pool;
 pub mod prefill;
 pub mod schedule;
 pub mod signals;

@@ -334,7 +334,7 @@ impl ScalingSpec {
 }
 
 /// Durations as (fractional) seconds in JSON/YAML, as the CRD writes them.
-mod secs {
+pub(crate) mod secs {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
 

@@ -14,7 +14,8 @@
 //! - **Unload**: only a model with no job on that worker and none queued, when it has idled
 //!   there for `idleUnloadAfter`, or to make room (least recently used first).
 //! - **Workers**: [`decide`] on the pool's summed demand under `workers`, never below what
-//!   the models with work need by memory ([`workers_needed`]), nor below the ready workers
+//!   the models that want a holder (with work, or idle for less than `idleUnloadAfter`)
+//!   need by memory ([`workers_needed`]; the highest of the stable window), nor below the ready workers
 //!   plus what the models placed nowhere need, so that a model with work is either placed or
 //!   the count rises (up to `maxReplicas`; beyond it, [`Condition::AtMaxWorkers`]).
 
@@ -23,7 +24,7 @@ use super::packing::{workers_needed, Copies};
 use super::spec::PoolSpec;
 use crate::observed::{CapacityObserved, Observed};
 use crate::policy::{decide, Decision, PolicyState};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// What the controller does to one worker.
@@ -86,7 +87,8 @@ pub struct PoolPlan {
     pub actions: Vec<Action>,
     /// Desired workers per capacity type (`serving` is the total).
     pub workers: Decision,
-    /// Workers the models with work need by memory (a floor under `workers`).
+    /// Workers the models that want a holder need by memory, the highest of the stable
+    /// window (a floor under `workers`).
     pub memory_floor: u32,
     /// Holders each model with work wants, by model id.
     pub holders: BTreeMap<String, u32>,
@@ -100,6 +102,8 @@ pub struct PoolPlan {
 pub struct PoolState {
     workers: PolicyState,
     models: BTreeMap<String, PolicyState>,
+    /// Recent memory floors, newest last, decreasing: the highest of the stable window holds.
+    floors: VecDeque<(Duration, u32)>,
 }
 
 impl PoolState {
@@ -108,6 +112,7 @@ impl PoolState {
         Self {
             workers: PolicyState::new(&spec.workers),
             models: BTreeMap::new(),
+            floors: VecDeque::new(),
         }
     }
 }
@@ -135,6 +140,7 @@ pub fn plan(obs: &PoolObserved, spec: &PoolSpec, state: &mut PoolState, now: Dur
     let model_spec = spec.model_scaling();
     state.models.retain(|id, _| by_id.contains_key(id.as_str()));
     let mut holders: BTreeMap<String, u32> = BTreeMap::new();
+    let mut reserve: Vec<Copies<'_>> = Vec::new();
     for m in &models {
         let held = slots
             .iter()
@@ -166,8 +172,16 @@ pub fn plan(obs: &PoolObserved, spec: &PoolSpec, state: &mut PoolState, now: Dur
                 memory_bytes: m.memory_bytes,
                 worker_memory_bytes: cap,
             });
-        } else if m.busy() {
-            holders.insert(m.model.clone(), want.max(1));
+        } else {
+            let want = if m.busy() { want.max(1) } else { want };
+            if m.busy() {
+                holders.insert(m.model.clone(), want);
+            }
+            reserve.push(Copies {
+                model: &m.model,
+                memory_bytes: m.memory_bytes,
+                copies: want,
+            });
         }
     }
 
@@ -227,17 +241,14 @@ pub fn plan(obs: &PoolObserved, spec: &PoolSpec, state: &mut PoolState, now: Dur
         }
     }
 
-    let wanted: Vec<Copies<'_>> = holders
-        .iter()
-        .filter_map(|(id, n)| {
-            by_id.get(id.as_str()).map(|m| Copies {
-                model: &m.model,
-                memory_bytes: m.memory_bytes,
-                copies: *n,
-            })
-        })
-        .collect();
-    let mut memory_floor = workers_needed(&wanted, cap);
+    // room for every model that wants a holder, idle ones within `idleUnloadAfter` too, held
+    // for the stable window: a model between two requests should not wait for a worker
+    let mut memory_floor = held_floor(
+        &mut state.floors,
+        workers_needed(&reserve, cap),
+        now,
+        spec.workers.stable_window,
+    );
     if !unplaced.is_empty() {
         let ready = u32::try_from(slots.len()).unwrap_or(u32::MAX);
         memory_floor = memory_floor.max(ready.saturating_add(workers_needed(&unplaced, cap)));
@@ -270,6 +281,23 @@ pub fn plan(obs: &PoolObserved, spec: &PoolSpec, state: &mut PoolState, now: Dur
         holders,
         conditions,
     }
+}
+
+/// The highest of `floor` and the floors of the trailing `window`, kept in `recent`.
+fn held_floor(
+    recent: &mut VecDeque<(Duration, u32)>,
+    floor: u32,
+    now: Duration,
+    window: Duration,
+) -> u32 {
+    while recent.front().is_some_and(|(t, _)| *t + window <= now) {
+        recent.pop_front();
+    }
+    while recent.back().is_some_and(|(_, f)| *f <= floor) {
+        recent.pop_back();
+    }
+    recent.push_back((now, floor));
+    recent.front().map_or(floor, |(_, f)| *f)
 }
 
 fn slot(w: &WorkerState) -> Slot<'_> {

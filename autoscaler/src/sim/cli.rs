@@ -1,9 +1,13 @@
 //! `tidal sim` arguments and entry point.
 
 use super::engine::{FleetConfig, WarmUp};
+use super::multi_model;
+use super::pool_compare::{self, simulate_pool, PoolReport, PoolSim};
+use super::pool_engine::PoolConfig;
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
 use super::{bound, report, simulate, spot_outages, svg, tune, SimConfig, SimReport};
+use crate::pool::PoolSpec;
 use crate::schedule::FloorWindow;
 use crate::spec::{CapacityMode, ScaleDownHold, ScalingSpec, StableAggregate};
 use anyhow::Context;
@@ -71,9 +75,45 @@ pub struct SimArgs {
     /// JSON service profile (e.g. from the runtime's benchmark); replaces --profile.
     #[arg(long)]
     pub service_profile: Option<PathBuf>,
-    /// Override the profile's cold start, seconds.
-    #[arg(long)]
+    /// Override the profile's cold start (pod created to ready: node, image, weights, load),
+    /// seconds. Feed it a measured figure (`kubectl get model` shows COLD-START); the
+    /// built-in profiles' are 30 s (CPU: node and image, estimated) and 60 s (GPU,
+    /// illustrative). With --pool it is the per-model fleets' cold start and a new pool
+    /// worker's start.
+    #[arg(long, visible_alias = "cold-start-seconds")]
     pub cold_start_s: Option<f64>,
+    /// Compare a warm pool of workers shared by --models models with one fleet per model and
+    /// one always-on fleet per model, on the trace split into the models (Zipf popularity,
+    /// each model's arrivals shifted in time) (docs/autoscaling.md, "Model pools").
+    #[arg(long)]
+    pub pool: bool,
+    /// With --pool: how many models share the trace.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub models: u32,
+    /// With --pool: Zipf exponent of the models' popularity (0: all equal).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// With --pool: time for a pool worker to load a model its node has cached (page cache
+    /// or local disk), seconds. The default is a placeholder to override with a measured
+    /// figure: 1 s, the order of the measured loads of a model file in the page cache
+    /// (docs/benchmarks.md: 44-111 ms on CPU, 0.31 s for map + upload + NVRTC compile on an
+    /// H200, both SmolLM2-135M); an 8B model's upload takes longer.
+    #[arg(long, visible_alias = "swap-seconds", default_value_t = 1.0)]
+    pub swap_s: f64,
+    /// With --pool: time to load a model its worker's node has not cached yet (a download),
+    /// seconds; default: --swap-s (a placeholder, as is --swap-s).
+    #[arg(long)]
+    pub swap_uncached_s: Option<f64>,
+    /// With --pool: device memory of one model's weights, GiB (16: an 8B model in 16 bits).
+    #[arg(long, default_value_t = 16.0)]
+    pub model_memory_gib: f64,
+    /// With --pool: device memory of one worker that weights may use, GiB (60: an 80 GiB
+    /// device with the rest for KV cache and activations).
+    #[arg(long, default_value_t = 60.0)]
+    pub worker_memory_gib: f64,
+    /// With --pool: unload a model from a worker after it has idled there this long, seconds.
+    #[arg(long, default_value_t = 60.0)]
+    pub idle_unload_after_s: f64,
     /// Override the profile's TTFT target, seconds.
     #[arg(long)]
     pub ttft_slo_s: Option<f64>,
@@ -354,9 +394,105 @@ pub fn config(args: &SimArgs) -> anyhow::Result<SimConfig> {
     })
 }
 
+/// What a run of `tidal sim` reports.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// One model's fleets compared.
+    Fleet(Box<SimReport>),
+    /// `--pool`: the pool against per-model and always-on fleets.
+    Pool(Box<PoolReport>),
+}
+
+impl Outcome {
+    /// The fleet comparison, if that is what ran.
+    pub fn fleet(self) -> Option<SimReport> {
+        match self {
+            Outcome::Fleet(r) => Some(*r),
+            Outcome::Pool(_) => None,
+        }
+    }
+}
+
+/// Builds the pool comparison from arguments: the trace as transformed by the traffic flags,
+/// split into `--models` models; the per-model fleets run `ours-coldstart`, the pool's
+/// workers are sized by the same preset.
+pub fn pool_config(args: &SimArgs) -> anyhow::Result<PoolSim> {
+    let cfg = config(args)?;
+    anyhow::ensure!(
+        args.zipf.is_finite() && args.zipf >= 0.0,
+        "--zipf must be a finite number of at least 0"
+    );
+    let gib = |x: f64, what: &str| -> anyhow::Result<u64> {
+        anyhow::ensure!(
+            x.is_finite() && x > 0.0,
+            "{what} must be a positive number of GiB"
+        );
+        Ok((x * f64::from(1u32 << 30)) as u64)
+    };
+    let ms = |x: f64, what: &str| secs(x, what).map(|d| d.as_millis() as u64);
+    let swap_ms = ms(args.swap_s, "--swap-s")?;
+    let swap_uncached_ms = ms(
+        args.swap_uncached_s.unwrap_or(args.swap_s),
+        "--swap-uncached-s",
+    )?;
+    let per_model = cfg
+        .ours
+        .iter()
+        .find(|(name, _)| name == PRESET_ROW)
+        .map(|(_, s)| s.clone())
+        .context("the cold-start preset is missing")?;
+    let models = multi_model::split(&cfg.requests, args.models, args.zipf, args.seed);
+    let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+    let memory = gib(args.model_memory_gib, "--model-memory-gib")?;
+    let spec = PoolSpec {
+        worker_memory_bytes: gib(args.worker_memory_gib, "--worker-memory-gib")?,
+        idle_unload_after: secs(args.idle_unload_after_s, "--idle-unload-after-s")?,
+        workers: per_model.clone(),
+    };
+    spec.validate()?;
+    // no interruptions or outages: the pool replay does not model them
+    let fleet = FleetConfig {
+        interruptions_per_hour: 0.0,
+        spot_outages: Vec::new(),
+        warm_up: WarmUp::default(),
+        ..cfg.fleet.clone()
+    };
+    Ok(PoolSim {
+        label: format!(
+            "{} split into {} models (Zipf {}, seed {}), no spot interruptions or outages",
+            cfg.trace_label, args.models, args.zipf, args.seed
+        ),
+        pool: PoolConfig {
+            spec,
+            memory_bytes: vec![memory; names.len()],
+            names,
+            swap_ms,
+            swap_uncached_ms,
+            tick: cfg.tick,
+        },
+        models,
+        fleet,
+        per_model,
+        tick: cfg.tick,
+    })
+}
+
 /// Runs the simulation, prints the table (or JSON) and writes the plot if asked; returns the
 /// report for callers that want it.
-pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
+pub fn run(args: &SimArgs) -> anyhow::Result<Outcome> {
+    if args.pool {
+        let cfg = pool_config(args)?;
+        let report = simulate_pool(&cfg);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!(
+                "{}",
+                pool_compare::render(&report, cfg.fleet.profile.ttft_slo_s)
+            );
+        }
+        return Ok(Outcome::Pool(Box::new(report)));
+    }
     let cfg = config(args)?;
     let mut report = simulate(&cfg);
     if args.tune {
@@ -400,7 +536,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<SimReport> {
         }
         std::fs::write(path, csv).with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(report)
+    Ok(Outcome::Fleet(Box::new(report)))
 }
 
 /// `--tune`: the grid on `--tune-samples` samples, the first `cfg` (whose oracle costs
@@ -522,7 +658,7 @@ mod tests {
         // a minute of synthetic traffic, two samples: every setting of the grid replayed on
         // both, and the preset (`ours-coldstart`) beside them
         let args = cli(&["--syn-duration-s", "60", "--tune-samples", "2", "--json"]).unwrap();
-        let t = run(&args).unwrap().tuning.unwrap();
+        let t = run(&args).unwrap().fleet().unwrap().tuning.unwrap();
         assert_eq!((t.samples, t.tried), (2, 320));
         let preset = config(&args).unwrap().ours[1].1.clone();
         assert_eq!(

@@ -11,6 +11,9 @@ pub mod engine;
 pub mod fixed_fleet;
 pub mod fleet;
 pub mod foresight;
+pub mod multi_model;
+pub mod pool_compare;
+pub mod pool_engine;
 pub mod profile;
 pub mod report;
 pub mod scalers;
@@ -18,7 +21,7 @@ pub mod svg;
 pub mod trace;
 pub mod tune;
 
-pub use cli::{run, SimArgs};
+pub use cli::{run, Outcome, SimArgs};
 pub use engine::{run_policy, FleetConfig, PolicyRun, Sample, WarmUp};
 pub use profile::ServiceProfile;
 pub use report::PolicySummary;

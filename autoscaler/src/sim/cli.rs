@@ -2,7 +2,7 @@
 
 use super::engine::{FleetConfig, WarmUp};
 use super::multi_model;
-use super::pool_compare::{self, simulate_pool, PoolReport, PoolSim};
+use super::pool_compare::{simulate_pool, PoolReport, PoolSim};
 use super::pool_engine::PoolConfig;
 use super::profile::ServiceProfile;
 use super::trace::{self, Synthetic};
@@ -36,7 +36,8 @@ pub struct SimArgs {
     /// Play the (transformed) trace once before the measured run, unmeasured, so that every
     /// fleet meets the trace in the state its own traffic leaves it instead of empty (a trace
     /// cut from a running service starts mid-traffic). Replicas up when measuring starts pay
-    /// their cold start. `foresight` and the bounds are unchanged.
+    /// their cold start. `foresight` and the bounds are unchanged. With --pool every strategy
+    /// is warmed alike: the pool on every model's requests, each model's fleet on its own.
     #[arg(long)]
     pub warm_up: bool,
     /// Seed for thinning, the generator, interruptions and spot outages.
@@ -78,8 +79,8 @@ pub struct SimArgs {
     /// Override the profile's cold start (pod created to ready: node, image, weights, load),
     /// seconds. Feed it a measured figure (`kubectl get model` shows COLD-START); the
     /// built-in profiles' are 30 s (CPU: node and image, estimated) and 60 s (GPU,
-    /// illustrative). With --pool it is the per-model fleets' cold start and a new pool
-    /// worker's start.
+    /// illustrative). With --pool it is the per-model and always-on fleets' cold start and a
+    /// new pool worker's start, and the report prints it with its source.
     #[arg(long, visible_alias = "cold-start-seconds")]
     pub cold_start_s: Option<f64>,
     /// Compare a warm pool of workers shared by --models models with one fleet per model and
@@ -97,8 +98,9 @@ pub struct SimArgs {
     /// or local disk), seconds. The default is a placeholder to override with a measured
     /// figure: 1 s, the order of the measured loads of a model file in the page cache
     /// (docs/benchmarks.md: 44-111 ms on CPU, 0.31 s for map + upload + NVRTC compile on an
-    /// H200, both SmolLM2-135M); an 8B model's upload takes longer.
-    #[arg(long, visible_alias = "swap-seconds", default_value_t = 1.0)]
+    /// H200, both SmolLM2-135M); an 8B model's upload takes longer. The report says which
+    /// was used.
+    #[arg(long, visible_alias = "swap-seconds", default_value_t = DEFAULT_SWAP_S)]
     pub swap_s: f64,
     /// With --pool: time to load a model its worker's node has not cached yet (a download),
     /// seconds; default: --swap-s (a placeholder, as is --swap-s).
@@ -204,14 +206,17 @@ pub struct SimArgs {
     /// Also replay our policy under a grid of its time constants (stable window and
     /// aggregate, scale-down delay, scale-to-zero time, decoding weight; 320 settings) and
     /// print the cheapest reaching 99 % SLO on every sample as a Model's `scaling` block,
-    /// with the cost/attainment frontier and the preset for comparison.
+    /// with the cost/attainment frontier and the preset for comparison. With --pool: the
+    /// same grid for the pool's worker sizing and for the per-model fleets (one setting for
+    /// all, and each fleet its own), and each model's smallest always-on fleet, all at 99 %
+    /// over every request of one sample (the seed).
     #[arg(long)]
     pub tune: bool,
     /// With --tune: replay each setting on this many samples, seeds --seed, --seed + 1, ...
     /// (each thins, interrupts and cuts spot differently); a setting must reach the target
     /// on all of them, which carries better to other samples than one (docs/autoscaling.md,
     /// "Tuning").
-    #[arg(long, default_value_t = 3, requires = "tune", value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 3, requires = "tune", conflicts_with = "pool", value_parser = clap::value_parser!(u64).range(1..=100))]
     pub tune_samples: u64,
     /// Print JSON instead of the table.
     #[arg(long)]
@@ -226,6 +231,9 @@ pub struct SimArgs {
 
 /// The row of our policy under the cold-start preset, which `--tune` compares with.
 const PRESET_ROW: &str = "ours-coldstart";
+
+/// `--swap-s`'s placeholder, seconds.
+const DEFAULT_SWAP_S: f64 = 1.0;
 
 /// Monday 2026-11-30 00:00 UTC: where a synthetic trace starts on the wall clock.
 const SYNTHETIC_START_UNIX_S: u64 = 1_795_996_800;
@@ -450,18 +458,26 @@ pub fn pool_config(args: &SimArgs) -> anyhow::Result<PoolSim> {
         workers: per_model.clone(),
     };
     spec.validate()?;
-    // no interruptions or outages: the pool replay does not model them
+    // no interruptions or outages: the pool replay does not model them; the warm-up is
+    // the comparison's own (every strategy on its own share of the workload)
     let fleet = FleetConfig {
         interruptions_per_hour: 0.0,
         spot_outages: Vec::new(),
         warm_up: WarmUp::default(),
         ..cfg.fleet.clone()
     };
+    let label = cfg
+        .trace_label
+        .strip_suffix(", after a warm-up pass")
+        .unwrap_or(&cfg.trace_label);
     Ok(PoolSim {
         label: format!(
-            "{} split into {} models (Zipf {}, seed {}), no spot interruptions or outages",
-            cfg.trace_label, args.models, args.zipf, args.seed
+            "{label} split into {} models (Zipf {}, seed {}), no spot interruptions or outages",
+            args.models, args.zipf, args.seed
         ),
+        warm_up: args.warm_up,
+        cold_start_source: cold_start_source(args),
+        swap_source: swap_source(args),
         pool: PoolConfig {
             spec,
             memory_bytes: vec![memory; names.len()],
@@ -477,18 +493,47 @@ pub fn pool_config(args: &SimArgs) -> anyhow::Result<PoolSim> {
     })
 }
 
+/// Where the pod cold start of a run comes from, for the report.
+fn cold_start_source(args: &SimArgs) -> String {
+    match (&args.cold_start_s, &args.service_profile) {
+        (Some(_), _) => "--cold-start-s".into(),
+        (None, Some(path)) => format!("the profile {}", path.display()),
+        (None, None) => match args.profile.as_str() {
+            "gpu-8b" | "gpu" => {
+                "the built-in gpu-8b profile: illustrative, not measured; pass a measured pod start with --cold-start-s".into()
+            }
+            _ => "the built-in cpu-smollm2-135m profile: 30 s node and image, estimated (the measured model load, 0.08 s, is below its precision)".into(),
+        },
+    }
+}
+
+/// Where the swap times of a run come from, for the report.
+fn swap_source(args: &SimArgs) -> String {
+    let uncached = if args.swap_uncached_s.is_some() {
+        "; uncached: --swap-uncached-s"
+    } else {
+        ""
+    };
+    if args.swap_s == DEFAULT_SWAP_S {
+        format!("--swap-s default, a placeholder of the order of the measured loads of a model file in the page cache (docs/benchmarks.md: 44-111 ms on CPU, 0.31 s on an H200 with upload and NVRTC compile, SmolLM2-135M); pass your model's measured swap-in{uncached}")
+    } else {
+        format!("--swap-s{uncached}")
+    }
+}
+
 /// Runs the simulation, prints the table (or JSON) and writes the plot if asked; returns the
 /// report for callers that want it.
 pub fn run(args: &SimArgs) -> anyhow::Result<Outcome> {
     if args.pool {
         let cfg = pool_config(args)?;
-        let report = simulate_pool(&cfg);
+        let grid = args.tune.then(tune::Grid::default);
+        let report = simulate_pool(&cfg, grid.as_ref());
         if args.json {
             println!("{}", serde_json::to_string_pretty(&report)?);
         } else {
             print!(
                 "{}",
-                pool_compare::render(&report, cfg.fleet.profile.ttft_slo_s)
+                super::pool_render::render(&report, cfg.fleet.profile.ttft_slo_s)
             );
         }
         return Ok(Outcome::Pool(Box::new(report)));
@@ -721,5 +766,54 @@ mod tests {
                 .contains("floorSchedule[0]: minReplicas (4)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_pool_report_says_which_cold_starts_it_used_and_where_they_come_from() {
+        let pool_of = |extra: &[&str]| {
+            let base = ["sim", "--synthetic", "--syn-duration-s", "120", "--pool"];
+            let cli = Cli::try_parse_from(base.iter().chain(extra)).unwrap();
+            pool_config(&cli.sim).unwrap()
+        };
+        let d = pool_of(&[]);
+        assert!(!d.warm_up);
+        assert_eq!(d.fleet.profile.cold_start_s, 60.0);
+        assert_eq!(d.pool.swap_ms, 1000);
+        assert!(d
+            .cold_start_source
+            .contains("built-in gpu-8b profile: illustrative, not measured"));
+        assert!(d.swap_source.contains("placeholder"), "{}", d.swap_source);
+        assert!(d
+            .swap_source
+            .contains("docs/benchmarks.md: 44-111 ms on CPU, 0.31 s on an H200"));
+        let text = super::super::pool_render::render(&simulate_pool(&d, None), 2.0);
+        assert!(text.contains("pod cold start (per-model and always-on replicas, new pool workers): 60.0 s, from the built-in gpu-8b profile"), "{text}");
+        assert!(
+            text.contains("swap-in (pool): 1.00 s cached, 1.00 s uncached, from --swap-s default"),
+            "{text}"
+        );
+
+        let m = pool_of(&[
+            "--cold-start-s",
+            "45",
+            "--swap-s",
+            "0.3",
+            "--swap-uncached-s",
+            "20",
+            "--warm-up",
+        ]);
+        assert!(m.warm_up);
+        assert!(!m.label.contains("after a warm-up pass"), "{}", m.label);
+        assert!(m.fleet.warm_up.requests.is_empty());
+        assert_eq!(m.fleet.profile.cold_start_s, 45.0);
+        assert_eq!((m.pool.swap_ms, m.pool.swap_uncached_ms), (300, 20_000));
+        assert_eq!(m.cold_start_source, "--cold-start-s");
+        assert_eq!(m.swap_source, "--swap-s; uncached: --swap-uncached-s");
+        let cpu = pool_of(&["--profile", "cpu-smollm2-135m"]);
+        assert!(cpu.cold_start_source.contains("cpu-smollm2-135m"));
+
+        // the pool's search runs on one sample
+        let err = Cli::try_parse_from(["sim", "--pool", "--tune", "--tune-samples", "2"]);
+        assert!(err.is_err());
     }
 }

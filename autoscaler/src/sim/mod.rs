@@ -14,6 +14,8 @@ pub mod foresight;
 pub mod multi_model;
 pub mod pool_compare;
 pub mod pool_engine;
+pub mod pool_render;
+pub mod pool_tune;
 pub mod profile;
 pub mod report;
 pub mod scalers;

@@ -70,11 +70,43 @@ impl Worker {
 }
 
 /// Replays `reqs` (sorted by arrival; request `i` is for model `model_of[i]`) on the pool.
+/// With `warm_up_ms`, the same requests play once before, unmeasured, and the measured ones
+/// start at that ms (at or after the last arrival), as `--warm-up` plays one fleet's trace:
+/// the pool meets the trace as its own traffic leaves it, and the workers up when measuring
+/// starts pay their cold start. What it returns is about `reqs` alone.
 pub fn run_pool(
     reqs: &[Request],
     model_of: &[usize],
     fleet: &FleetConfig,
     pool: &PoolConfig,
+    warm_up_ms: Option<u64>,
+) -> (PolicyRun, PoolStats) {
+    let Some(length_ms) = warm_up_ms else {
+        return replay(reqs, model_of, fleet, pool, 0);
+    };
+    let n = reqs.len();
+    let shifted = reqs.iter().map(|r| Request {
+        arrival_ms: r.arrival_ms + length_ms,
+        ..*r
+    });
+    let all: Vec<Request> = reqs.iter().copied().chain(shifted).collect();
+    let models: Vec<usize> = model_of.iter().chain(model_of).copied().collect();
+    let (mut run, stats) = replay(&all, &models, fleet, pool, length_ms);
+    run.queue_wait_ms.drain(..n);
+    run.ttft_ms.drain(..n);
+    run.evicted_after_first_token.drain(..n);
+    run.completions.drain(..n);
+    (run, stats)
+}
+
+/// The replay loop over `reqs`, measuring (billing, counting, sampling) from
+/// `measure_from_ms` on.
+fn replay(
+    reqs: &[Request],
+    model_of: &[usize],
+    fleet: &FleetConfig,
+    pool: &PoolConfig,
+    measure_from_ms: u64,
 ) -> (PolicyRun, PoolStats) {
     let n = reqs.len();
     let models = pool.names.len();
@@ -113,21 +145,30 @@ pub fn run_pool(
         .claim_prefill_budget_s
         .map(|s| s * p.prefill_tokens_per_s);
     let trace_end = reqs.last().map_or(0, |r| r.arrival_ms);
-    let (mut t, mut next, mut next_tick, mut next_sample) = (0u64, 0usize, 0u64, 0u64);
+    let (mut t, mut next, mut next_tick) = (0u64, 0usize, 0u64);
+    let mut next_sample = measure_from_ms;
     let (mut completed, mut arrivals) = (0usize, 0u64);
     let mut desired = 0u32;
+    let mut entered = false;
     loop {
+        let measuring = t >= measure_from_ms;
+        if measuring && !entered {
+            bill_on_entry(&workers, &mut run, t, cold_ms);
+            entered = true;
+        }
+        // the warm-up's counts are left out of the stats (each adds 0 or 1)
+        let counted = u64::from(measuring);
         while next < n && reqs[next].arrival_ms <= t {
             let r = &reqs[next];
             queues[model_of[next]].push_back(Job::new(next, r.prompt_tokens, r.generated_tokens));
             last_request[model_of[next]] = Some(r.arrival_ms);
             next += 1;
-            arrivals += 1;
+            arrivals += u64::from(r.arrival_ms >= measure_from_ms);
         }
         if t >= next_tick {
             let obs = observe(&workers, &queues, &last_request, model_of, pool);
             let planned = plan(&obs, &pool.spec, &mut state, Duration::from_millis(t));
-            stats.condition_ticks += u64::from(!planned.conditions.is_empty());
+            stats.condition_ticks += counted * u64::from(!planned.conditions.is_empty());
             for a in &planned.actions {
                 match a {
                     Action::Unload { model, worker, why } => {
@@ -139,8 +180,8 @@ pub fn run_pool(
                         };
                         w.loaded.retain(|(x, _)| x != m);
                         match why {
-                            Unload::Idle => stats.idle_unloads += 1,
-                            Unload::Evicted { .. } => stats.evictions += 1,
+                            Unload::Idle => stats.idle_unloads += counted,
+                            Unload::Evicted { .. } => stats.evictions += counted,
                         }
                     }
                     Action::Load { model, worker } => {
@@ -157,8 +198,8 @@ pub fn run_pool(
                             pool.swap_uncached_ms
                         };
                         w.loading.push((*m, t + ms));
-                        stats.loads += 1;
-                        stats.cached_loads += u64::from(cached);
+                        stats.loads += counted;
+                        stats.cached_loads += counted * u64::from(cached);
                     }
                 }
             }
@@ -181,7 +222,7 @@ pub fn run_pool(
                 r.phase = Phase::Starting {
                     ready_at_ms: t + cold_ms,
                 };
-                run.cold_starts += 1;
+                run.cold_starts += counted;
             }
             if let Phase::Starting { ready_at_ms } = r.phase {
                 if t >= ready_at_ms {
@@ -215,7 +256,7 @@ pub fn run_pool(
                 run.evicted_after_first_token[j.req] = true;
             }
             let (jobs, recompute) = w.replica.evict(|k| reqs[k].prompt_tokens);
-            run.recomputed_tokens += recompute;
+            run.recomputed_tokens += counted * recompute;
             for job in jobs {
                 queues[model_of[job.req]].push_back(job);
             }
@@ -262,7 +303,7 @@ pub fn run_pool(
                 }
             }
             w.replica.serve(p, t, dt, &mut ev);
-            if !w.replica.billed() {
+            if !measuring || !w.replica.billed() {
                 continue;
             }
             match w.replica.capacity {
@@ -291,7 +332,7 @@ pub fn run_pool(
                     .count() as u32
             };
             run.series.push(Sample {
-                t_s: t as f64 / 1000.0,
+                t_s: (t - measure_from_ms) as f64 / 1000.0,
                 arrivals_per_s: arrivals as f64 * 1000.0 / fleet.sample_ms.max(1) as f64,
                 ready_spot: ready(Capacity::Spot),
                 ready_on_demand: ready(Capacity::OnDemand),
@@ -309,8 +350,28 @@ pub fn run_pool(
             break;
         }
     }
-    run.end_ms = t;
+    run.end_ms = t.saturating_sub(measure_from_ms);
     (run, stats)
+}
+
+/// Bills, when measuring starts at `t`, the cold starts of the workers already up, as the
+/// fleet replay does (whole for a ready one, the part before `t` for one still starting), so
+/// that a warmed pool pays for the workers it starts with.
+fn bill_on_entry(workers: &[Worker], run: &mut PolicyRun, t: u64, cold_ms: u64) {
+    for w in workers {
+        let before_ms = match w.replica.phase {
+            Phase::Ready => cold_ms,
+            Phase::Starting { ready_at_ms } if ready_at_ms < t + cold_ms => {
+                (t + cold_ms - ready_at_ms).min(cold_ms)
+            }
+            _ => continue,
+        };
+        run.cold_starts += 1;
+        match w.replica.capacity {
+            Capacity::Spot => run.spot_ms += before_ms,
+            Capacity::OnDemand => run.on_demand_ms += before_ms,
+        }
+    }
 }
 
 fn observe(

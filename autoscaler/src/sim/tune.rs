@@ -153,8 +153,25 @@ pub struct Tuning {
 /// Replays every setting of `grid` on every sample and picks the cheapest reaching
 /// `slo_target` on all of them; `preset` is replayed the same way for comparison.
 pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target: f64) -> Tuning {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut tried = replay_all(samples, &settings(grid), cores);
+    let tried = replay_all(&settings(grid), threads(), |s| replay(samples, s));
+    let count = tried.len();
+    let (best, frontier) = pick(tried, slo_target);
+    Tuning {
+        slo_target,
+        samples: samples.len(),
+        tried: count,
+        best,
+        frontier,
+        preset: preset.and_then(|p| replay(samples, p)),
+        from_empty: samples
+            .iter()
+            .any(|s| s.cfg.fleet.warm_up.requests.is_empty()),
+    }
+}
+
+/// The cheapest of `tried` reaching `slo_target` (the higher attainment on a tie), and the
+/// frontier: the settings no other beats on both cost and attainment, cheapest first.
+pub fn pick(mut tried: Vec<Tried>, slo_target: f64) -> (Option<Tried>, Vec<Tried>) {
     // cheapest first, the higher attainment first among equal costs
     tried.sort_by(|a, b| {
         a.cost_micros
@@ -166,41 +183,37 @@ pub fn tune(samples: &[Sample], grid: &Grid, preset: Option<Setting>, slo_target
         .find(|t| t.slo_attainment >= slo_target)
         .cloned();
     let mut frontier: Vec<Tried> = Vec::new();
-    for t in &tried {
+    for t in tried {
         if frontier
             .last()
             .is_none_or(|f| t.slo_attainment > f.slo_attainment)
         {
-            frontier.push(t.clone());
+            frontier.push(t);
         }
     }
-    Tuning {
-        slo_target,
-        samples: samples.len(),
-        tried: tried.len(),
-        best,
-        frontier,
-        preset: preset.and_then(|p| replay(samples, p)),
-        from_empty: samples
-            .iter()
-            .any(|s| s.cfg.fleet.warm_up.requests.is_empty()),
-    }
+    (best, frontier)
 }
 
-/// Every setting on every sample, in the settings' order whatever the number of `threads`
-/// (the replays are independent: one chunk of the settings per thread); settings the policy
-/// refuses are left out.
-fn replay_all(samples: &[Sample], all: &[Setting], threads: usize) -> Vec<Tried> {
+/// Threads for the replays: the machine's cores.
+pub fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// `replay` of every setting, in the settings' order whatever the number of `threads` (the
+/// replays are independent: one chunk of the settings per thread); settings it refuses
+/// (`None`) are left out.
+pub fn replay_all<T: Send>(
+    all: &[Setting],
+    threads: usize,
+    replay: impl Fn(Setting) -> Option<T> + Sync,
+) -> Vec<T> {
     let chunk = all.len().div_ceil(threads.max(1)).max(1);
+    let replay = &replay;
     std::thread::scope(|scope| {
         let workers: Vec<_> = all
             .chunks(chunk)
             .map(|part| {
-                scope.spawn(move || {
-                    part.iter()
-                        .filter_map(|s| replay(samples, *s))
-                        .collect::<Vec<_>>()
-                })
+                scope.spawn(move || part.iter().filter_map(|s| replay(*s)).collect::<Vec<_>>())
             })
             .collect();
         workers
@@ -238,7 +251,7 @@ fn replay(samples: &[Sample], setting: Setting) -> Option<Tried> {
 }
 
 /// Every combination of the grid's values.
-fn settings(grid: &Grid) -> Vec<Setting> {
+pub fn settings(grid: &Grid) -> Vec<Setting> {
     let mut out = Vec::new();
     for &stable_window_s in &grid.stable_windows_s {
         for &stable_aggregate in &grid.aggregates {
@@ -468,11 +481,12 @@ mod tests {
     fn the_replays_come_back_in_grid_order_on_any_number_of_threads() {
         let one = [sample(3)];
         let all = settings(&grid());
-        let serial = replay_all(&one, &all, 1);
+        let serial = replay_all(&all, 1, |s| replay(&one, s));
         assert_eq!(serial.len(), 16);
         assert!(serial.iter().zip(&all).all(|(t, s)| t.setting == *s));
         for threads in [3, 16, 64] {
-            assert_eq!(replay_all(&one, &all, threads), serial, "{threads} threads");
+            let parallel = replay_all(&all, threads, |s| replay(&one, s));
+            assert_eq!(parallel, serial, "{threads} threads");
         }
     }
 

@@ -267,7 +267,7 @@ pub enum Quantisation {
 pub struct SpeculativeSpec {
     /// How tokens are proposed.
     pub method: SpeculativeMethodSpec,
-    /// Most tokens proposed for one sequence in one step (default 5).
+    /// Most tokens proposed for one sequence in one step (default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16))]
     pub num_speculative_tokens: Option<u32>,

@@ -24,7 +24,8 @@ pub struct StreamOptions {
 
 /// Fields common to both completion endpoints, flattened into each request type.
 /// `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids` and `ignore_eos` are the usual
-/// extensions of open-model servers (vLLM, llama.cpp).
+/// extensions of open-model servers (vLLM, llama.cpp); `num_speculative_tokens` caps
+/// speculative decoding for one request.
 ///
 /// Numbers are read as the OpenAPI document types them: floats as `f64`, so a range is
 /// checked on the value sent, not on its `f32` rounding; integers also as integral floats
@@ -67,6 +68,12 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<u32>>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: Option<bool>,
+    /// At most this many speculative tokens per step for this request, under the server's
+    /// own limit (`--num-speculative-tokens`); 0 turns speculative decoding off for it. The
+    /// output is the same either way; only its speed changes.
+    #[serde(default, deserialize_with = "number::opt_int")]
+    #[schemars(with = "Option<Int<i64>>", range(min = 0))]
+    pub num_speculative_tokens: Option<i64>,
     /// Choices per request: only 1.
     #[serde(default, deserialize_with = "number::opt_int")]
     #[schemars(with = "Option<Int<i64>>", range(min = 1, max = 1))]
@@ -97,6 +104,8 @@ pub struct Sampling {
     pub ignore_eos: bool,
     /// Number of alternatives per token to report, when log-probabilities were asked for.
     pub top_logprobs: Option<usize>,
+    /// This request's cap on speculative tokens per step (`None`: the server's).
+    pub num_speculative_tokens: Option<usize>,
 }
 
 /// `value` (or `default`) checked against `[lo, hi]` as sent, then as the engine's `f32`.
@@ -154,6 +163,16 @@ impl SamplingFields {
         };
         let repetition_penalty =
             positive("repetition_penalty", self.repetition_penalty, 10.0, 1.0)?;
+        let num_speculative_tokens = match self.num_speculative_tokens {
+            None => None,
+            Some(k) if k >= 0 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "num_speculative_tokens",
+                    format!("`num_speculative_tokens` must be 0 or positive, got {k}"),
+                ))
+            }
+        };
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopField::One(s)) => vec![s.clone()],
@@ -190,6 +209,7 @@ impl SamplingFields {
             stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
             top_logprobs,
+            num_speculative_tokens,
         })
     }
 
@@ -229,6 +249,15 @@ mod tests {
         assert_eq!(s.top_k, 0);
         assert_eq!(s.repetition_penalty, 1.0);
         assert!(s.stop.is_empty());
+        assert_eq!(s.num_speculative_tokens, None);
+        let s = fields(r#"{"num_speculative_tokens": 3}"#)
+            .validate(None)
+            .unwrap();
+        assert_eq!(s.num_speculative_tokens, Some(3));
+        let s = fields(r#"{"num_speculative_tokens": 0}"#)
+            .validate(None)
+            .unwrap();
+        assert_eq!(s.num_speculative_tokens, Some(0));
     }
 
     #[test]
@@ -239,6 +268,10 @@ mod tests {
             (r#"{"top_p": 0}"#, "top_p"),
             (r#"{"top_p": 1.5}"#, "top_p"),
             (r#"{"top_k": -2}"#, "top_k"),
+            (
+                r#"{"num_speculative_tokens": -1}"#,
+                "num_speculative_tokens",
+            ),
             (r#"{"min_p": 1.5}"#, "min_p"),
             (r#"{"presence_penalty": 3}"#, "presence_penalty"),
             (r#"{"frequency_penalty": -3}"#, "frequency_penalty"),

@@ -56,6 +56,7 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerationRequest {
         ignore_eos: true,
         resume: None,
         cache_scope: Default::default(),
+        num_speculative_tokens: None,
     }
 }
 

@@ -189,6 +189,68 @@ fn greedy_tokens_are_the_same_with_and_without_speculation() {
 }
 
 #[test]
+fn a_request_caps_its_own_speculation() {
+    let (on, _) = engine(config(SpeculativeMethod::Ngram));
+    let tok = on.tokenizer().clone();
+    // The repeating sentence: proposals are found and accepted at nearly every step.
+    let prompt = prompts(&tok)[2].clone();
+    let capped = |cap: Option<usize>| GenerationRequest {
+        num_speculative_tokens: cap,
+        ..greedy(prompt.clone(), 40)
+    };
+    let want = collect(on.submit(capped(None)).unwrap());
+    let mut before = settled_stats(&on).speculation;
+    assert!(before.drafts > 0, "{before:?}");
+    // 0: no proposal at all, every step after the first token is a plain decode.
+    let got = collect(on.submit(capped(Some(0))).unwrap());
+    assert_eq!(got.ids, want.ids);
+    let after = settled_stats(&on).speculation;
+    let spent = after.since(&before);
+    assert_eq!((spent.drafts, spent.draft_tokens), (0, 0), "{spent:?}");
+    assert_eq!(spent.plain_decodes, got.ids.len() as u64 - 1, "{spent:?}");
+    before = after;
+    // 2: verifications of at most two proposed tokens.
+    let got = collect(on.submit(capped(Some(2))).unwrap());
+    assert_eq!(got.ids, want.ids);
+    let spent = settled_stats(&on).speculation.since(&before);
+    assert!(spent.drafts > 0, "{spent:?}");
+    assert!(spent.draft_tokens <= 2 * spent.drafts, "{spent:?}");
+    // Every decode step is either a verification or a plain decode.
+    let steps = spent.drafts + spent.plain_decodes;
+    assert_eq!(
+        steps + spent.accepted_tokens,
+        got.ids.len() as u64 - 1,
+        "{spent:?}"
+    );
+}
+
+#[test]
+fn the_engine_measures_what_a_longer_step_costs() {
+    // The engine times its steps before it takes the first request.
+    let started = |config: EngineConfig| {
+        let (engine, _) = engine(config);
+        let tok = engine.tokenizer().clone();
+        collect(
+            engine
+                .submit(greedy(tok.encode("Hello", false), 1))
+                .unwrap(),
+        );
+        settled_stats(&engine)
+    };
+    let measured = started(config(SpeculativeMethod::Ngram)).verify_cost;
+    assert!(measured.is_finite() && measured >= 0.0, "{measured}");
+    let given = EngineConfig {
+        speculative: SpeculativeConfig {
+            verify_cost: Some(0.25),
+            ..config(SpeculativeMethod::Ngram).speculative
+        },
+        ..config(SpeculativeMethod::Ngram)
+    };
+    assert_eq!(started(given).verify_cost, 0.25);
+    assert_eq!(started(config(SpeculativeMethod::Off)).verify_cost, 0.0);
+}
+
+#[test]
 fn seeded_sampling_and_logprobs_are_the_same_with_and_without_speculation() {
     let (off, _) = engine(config(SpeculativeMethod::Off));
     let (on, _) = engine(config(SpeculativeMethod::Ngram));

@@ -86,6 +86,7 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
                     "draft_model": args.engine.draft_model,
                     "draft_quantize": args.engine.draft_quantize.map(|q| format!("{q:?}").to_lowercase()),
                     "draft_cost": on.engine.stats().draft_cost,
+                    "verify_cost": on.engine.stats().verify_cost,
                     "report": report
                 })
             );

@@ -89,23 +89,23 @@ pub struct EngineArgs {
     pub draft_cost: Option<f64>,
     /// Most tokens proposed for one sequence in one step; each sequence proposes fewer when
     /// few of its proposals are accepted.
-    #[arg(long, default_value_t = 5, env = "TIDAL_NUM_SPECULATIVE_TOKENS")]
+    #[arg(long, default_value_t = 8, env = "TIDAL_NUM_SPECULATIVE_TOKENS")]
     pub num_speculative_tokens: usize,
     /// Speculation pauses while more sequences than this are running (the step is then no
     /// longer bound by reading the weights).
     #[arg(long, default_value_t = 8)]
     pub speculative_max_running: usize,
     /// Shortest suffix (in tokens) the ngram proposer looks up.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     pub prompt_lookup_min: usize,
     /// Longest suffix (in tokens) the ngram proposer looks up; longer matches win.
     #[arg(long, default_value_t = 4)]
     pub prompt_lookup_max: usize,
     /// What one more verified token adds to a step, as a fraction of a one-token step: the
-    /// price each sequence's number of proposals is weighed against (`tidal bench
-    /// speculative` measures it).
-    #[arg(long, default_value_t = 0.35)]
-    pub speculative_verify_cost: f64,
+    /// price each sequence's number of proposals is weighed against (default: the engine
+    /// times steps of 1 + k tokens when it starts and weighs each k at its measured price).
+    #[arg(long)]
+    pub speculative_verify_cost: Option<f64>,
     /// CPU matmul kernel: auto (the fastest this CPU has), amx, avx512-vnni, avx2-vnni, avx2,
     /// avx2-rows or portable; to compare kernels on one machine.
     #[arg(long, default_value = "auto", env = "TIDAL_CPU_KERNEL", value_parser = parse_cpu_kernel)]

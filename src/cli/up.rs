@@ -15,6 +15,7 @@ use tidal_local::up::{self, Started, UpConfig};
 use tidal_queue::Prices;
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::model::QuantizeTo;
+use tidal_runtime::speculative::{SpeculativeConfig, SpeculativeMethod};
 
 use super::engine_args::{parse_bytes, parse_duration};
 use super::signals::terminated;
@@ -54,6 +55,15 @@ pub struct UpArgs {
     /// Kernel threads per worker (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Speculative decoding in every worker: off or ngram (prompt lookup: the continuation of
+    /// the latest earlier occurrence of the last few tokens, verified in the same step; the
+    /// tokens are the same either way, answers that quote their prompt come faster). A draft
+    /// model belongs to one model: use `tidal runtime --speculative draft` for that.
+    #[arg(long, default_value = "off")]
+    pub speculative: SpeculativeMethod,
+    /// Most tokens proposed for one sequence in one step under `--speculative ngram`.
+    #[arg(long, default_value_t = SpeculativeConfig::default().num_speculative_tokens)]
+    pub num_speculative_tokens: usize,
     /// Re-quantise weights at load: q4_0, q4_1, q8_0, f16, f32 or stored
     /// (default: as stored, Q5_1 matrices as Q8_0).
     #[arg(long)]
@@ -141,6 +151,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     scaling.validate().context(
         "scaling settings (--min-workers, --max-workers, --floor-window, --decoding-weight, ...)",
     )?;
+    if args.speculative == SpeculativeMethod::Draft {
+        anyhow::bail!(
+            "--speculative draft needs a draft model of each model's vocabulary; tidal up takes \
+             off or ngram (serve one model with `tidal runtime --speculative draft --draft-model PATH`)"
+        );
+    }
     let config = UpConfig {
         models: args.models,
         listen: args.listen,
@@ -156,6 +172,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             max_num_seqs: args.max_num_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens,
             threads: args.threads,
+            speculative: SpeculativeConfig {
+                method: args.speculative,
+                num_speculative_tokens: args.num_speculative_tokens,
+                ..SpeculativeConfig::default()
+            },
             ..EngineConfig::default()
         },
         quantize: args.quantize,

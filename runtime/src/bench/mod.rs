@@ -38,6 +38,7 @@ fn fixed_length_request(prompt: Vec<u32>, max_tokens: usize) -> GenerationReques
         ignore_eos: true,
         resume: None,
         cache_scope: Default::default(),
+        num_speculative_tokens: None,
     }
 }
 

@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
@@ -13,7 +13,10 @@ use super::sequence::{SeqState, StepOutcome};
 use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
-use crate::speculative::{ProposalRequest, Proposer, SpeculationStats, SpeculativeConfig};
+use crate::speculative::{
+    measure_step_cost, ProposalRequest, Proposer, SpeculationStats, SpeculativeConfig, StepCost,
+    ASSUMED_VERIFY_COST,
+};
 
 /// State owned by the engine thread.
 pub(crate) struct EngineCore {
@@ -28,6 +31,9 @@ pub(crate) struct EngineCore {
     /// The proposer, when speculative decoding is on.
     proposer: Option<Proposer>,
     speculation: SpeculationStats,
+    /// What a step verifying k proposed tokens of a sequence costs (measured at start
+    /// unless `--speculative-verify-cost` gave it).
+    step_cost: StepCost,
 }
 
 impl EngineCore {
@@ -59,16 +65,21 @@ impl EngineCore {
             speculative: config.speculative.clone(),
             proposer,
             speculation: SpeculationStats::default(),
+            step_cost: StepCost::linear(
+                config
+                    .speculative
+                    .verify_cost
+                    .unwrap_or(ASSUMED_VERIFY_COST),
+                config.speculative.num_speculative_tokens,
+            ),
         }
     }
 
     /// Runs until every engine handle is dropped and no work is left.
     pub fn run(mut self, commands: mpsc::Receiver<Command>) {
-        // Timed here, on the kernels' pool, where every later step runs.
-        if let Some(Proposer::Draft(draft)) = &mut self.proposer {
-            let cfg = self.scheduler.config();
-            draft.calibrate(&mut self.executor, cfg.num_blocks, cfg.block_size);
-        }
+        self.calibrate();
+        // The measured costs, before the first request.
+        self.publish_stats();
         loop {
             if self.seqs.is_empty() {
                 // Idle: sleep until a request arrives (or every sender is gone).
@@ -84,20 +95,57 @@ impl EngineCore {
             if !self.seqs.is_empty() {
                 self.step();
             }
-            let (draft_kv_blocks, draft_kv_free_blocks) =
-                self.proposer.as_ref().map_or((0, 0), Proposer::kv_blocks);
-            let stats = SchedulerStats {
-                prefill_tokens_per_s: self.prefill_rate.tokens_per_s(),
-                speculation: self.speculation,
-                draft_kv_blocks,
-                draft_kv_free_blocks,
-                draft_cost: self.proposer.as_ref().map_or(0.0, Proposer::proposal_cost),
-                ..self.scheduler.stats()
-            };
-            self.metrics.publish(&stats);
             // Every step, so that a worker waiting for room wakes on engine progress.
-            self.shared_stats.send_replace(stats);
+            self.publish_stats();
         }
+    }
+
+    /// Times what a longer step and a draft pass cost, unless the flags gave them. Runs on
+    /// the engine thread, on the kernels' pool, where every later step runs.
+    fn calibrate(&mut self) {
+        let cfg = self.scheduler.config();
+        if self.proposer.is_some() && self.speculative.verify_cost.is_none() {
+            let max = self.speculative.num_speculative_tokens;
+            match measure_step_cost(&mut self.executor, cfg.num_blocks, cfg.block_size, max) {
+                Some(cost) => {
+                    tracing::info!(
+                        per_token = format!("{:.3}", cost.per_token()),
+                        curve = ?cost.relative().iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>(),
+                        "verify cost measured: steps of 1 + k tokens against one"
+                    );
+                    self.step_cost = cost;
+                }
+                None => tracing::warn!(
+                    verify_cost = ASSUMED_VERIFY_COST,
+                    "verify cost not measured (KV cache too small or a pass failed); assuming it"
+                ),
+            }
+        }
+        if let Some(Proposer::Draft(draft)) = &mut self.proposer {
+            draft.calibrate(&mut self.executor, cfg.num_blocks, cfg.block_size);
+        }
+    }
+
+    /// Hands the scheduler's figures, with the engine's own, to the metrics and to every
+    /// engine handle.
+    fn publish_stats(&mut self) {
+        let (draft_kv_blocks, draft_kv_free_blocks) =
+            self.proposer.as_ref().map_or((0, 0), Proposer::kv_blocks);
+        let stats = SchedulerStats {
+            prefill_tokens_per_s: self.prefill_rate.tokens_per_s(),
+            speculation: self.speculation,
+            draft_kv_blocks,
+            draft_kv_free_blocks,
+            draft_cost: self.proposer.as_ref().map_or(0.0, Proposer::proposal_cost),
+            verify_cost: if self.proposer.is_some() {
+                self.step_cost.per_token()
+            } else {
+                0.0
+            },
+            ..self.scheduler.stats()
+        };
+        self.metrics.publish(&stats);
+        self.shared_stats.send_replace(stats);
     }
 
     fn accept(&mut self, command: Command) {
@@ -234,11 +282,21 @@ impl EngineCore {
             .filter(|s| s.num_spec > 0)
             .map(|s| (s.id, s.num_spec))
             .collect();
+        // A plain decode samples without proposals after the sequence's first token (which
+        // ends its prefill).
+        let plain: HashSet<SeqId> = batch
+            .iter()
+            .filter(|s| s.sample && s.num_spec == 0)
+            .filter(|s| self.seqs.get(&s.id).is_some_and(|q| !q.is_first_token()))
+            .map(|s| s.id)
+            .collect();
         for (id, tokens) in drawn {
             if let Some(&proposed) = spec_of.get(id) {
                 let accepted = tokens.len() - 1;
                 self.speculation.record(proposed, accepted);
                 self.metrics.speculation(proposer, proposed, accepted);
+            } else if plain.contains(id) {
+                self.speculation.record_plain();
             }
         }
         if !spec_of.is_empty() {
@@ -260,7 +318,8 @@ impl EngineCore {
         if scheduler.num_running() > cfg.max_running {
             return;
         }
-        let cost = cfg.verify_cost + proposer.proposal_cost();
+        let (step_cost, draft_cost) = (&self.step_cost, proposer.proposal_cost());
+        let time = |k: usize| step_cost.at(k) + draft_cost * k as f64;
         let mut requests = Vec::new();
         for (&id, state) in &mut self.seqs {
             if !scheduler.is_decoding(id) {
@@ -272,10 +331,8 @@ impl EngineCore {
                 .context_room(context_length)
                 .min(state.remaining_tokens())
                 .saturating_sub(1);
-            let k = state
-                .acceptance()
-                .num_tokens(cfg.num_speculative_tokens, cost)
-                .min(room);
+            let limit = state.speculative_limit(cfg.num_speculative_tokens);
+            let k = state.acceptance().num_tokens(limit, time).min(room);
             match (k, scheduler.sequence_tokens(id)) {
                 (0, _) | (_, None) => state.acceptance().idle(),
                 (k, Some(tokens)) => requests.push(ProposalRequest { id, tokens, k }),

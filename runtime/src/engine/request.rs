@@ -24,6 +24,9 @@ pub struct GenerationRequest {
     /// worker salts with the tenant so no tenant can probe another's prompts through
     /// `cached_tokens`; the direct server (no tenants) uses the unsalted scope.
     pub cache_scope: CacheScope,
+    /// At most this many speculative tokens per step for this request, under the engine's
+    /// own limit; `None`: the engine's. 0 turns speculation off for it.
+    pub num_speculative_tokens: Option<usize>,
 }
 
 /// What an earlier run of the same request already delivered to the client.

@@ -37,6 +37,8 @@ pub(crate) struct SeqState {
     pending_logprobs: Vec<TokenLogprob>,
     /// Recent acceptance of this sequence's proposals (speculative decoding).
     acceptance: Acceptance,
+    /// The request's cap on proposed tokens per step (`None`: the engine's).
+    speculative_cap: Option<usize>,
     /// Bytes of upcoming text the client already has (see [`TextSplice`]).
     splice: TextSplice,
 }
@@ -111,6 +113,7 @@ impl SeqState {
             pending_ids: Vec::new(),
             pending_logprobs: Vec::new(),
             acceptance: Acceptance::new(),
+            speculative_cap: request.num_speculative_tokens,
             splice: TextSplice::default(),
         }
     }
@@ -210,6 +213,11 @@ impl SeqState {
     /// This sequence's recent acceptance of proposals.
     pub fn acceptance(&mut self) -> &mut Acceptance {
         &mut self.acceptance
+    }
+
+    /// Most tokens to propose for this sequence in one step, under the engine's `limit`.
+    pub fn speculative_limit(&self, limit: usize) -> usize {
+        self.speculative_cap.map_or(limit, |cap| cap.min(limit))
     }
 
     /// Tokens before the context window is full.

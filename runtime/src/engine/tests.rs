@@ -101,6 +101,7 @@ fn greedy(max_tokens: usize) -> GenerationRequest {
         ignore_eos: true,
         resume: None,
         cache_scope: Default::default(),
+        num_speculative_tokens: None,
     }
 }
 

@@ -49,6 +49,10 @@ pub struct SchedulerStats {
     /// A draft model's forward pass relative to a one-token step, as the choice of k
     /// weighs it (measured or `--draft-cost`; 0 without a draft model); set by the engine.
     pub draft_cost: f64,
+    /// Mean price of a verified token at the largest k, as the choice of k weighs it
+    /// (measured at start or `--speculative-verify-cost`; 0 without speculation); set by
+    /// the engine.
+    pub verify_cost: f64,
 }
 
 /// Continuous-batching scheduler over a paged KV cache; see the module docs.
@@ -463,6 +467,7 @@ impl Scheduler {
             draft_kv_blocks: 0,
             draft_kv_free_blocks: 0,
             draft_cost: 0.0,
+            verify_cost: 0.0,
         }
     }
 

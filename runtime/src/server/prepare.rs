@@ -153,6 +153,7 @@ fn finish(
             // The direct server has no tenants: one unsalted scope; the queue worker sets
             // the job's.
             cache_scope: CacheScope::unsalted(),
+            num_speculative_tokens: sampling.num_speculative_tokens,
         },
         shape: ResponseShape {
             stream,

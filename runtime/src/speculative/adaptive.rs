@@ -3,11 +3,11 @@
 //! Treat each proposed token as accepted with probability α once every token before it was
 //! (acceptance stops at the first rejection). Proposing k tokens then yields
 //! `1 + α + α² + … + α^k` tokens per step (the last is the target's own), and the step costs
-//! `1 + c·k` one-token steps, where c is what one more verified token adds to a step
-//! ([`super::SpeculativeConfig::verify_cost`]). [`best_num_tokens`] picks the k in `0..=max`
-//! with the most tokens per unit of time; 0 means speculation does not pay at this α. A draft
-//! model runs one forward pass per proposed token, so for it the engine passes c + d, where d
-//! is a draft pass relative to a one-token step ([`super::SpeculativeConfig::draft_cost`]).
+//! `t(k)` one-token steps: the measured [`super::StepCost`] curve, or `1 + c·k` for a
+//! `--speculative-verify-cost` of c. [`best_num_tokens`] picks the k in `0..=max` with the
+//! most tokens per unit of time; 0 means speculation does not pay at this α. A draft model
+//! runs one forward pass per proposed token, so for it the engine adds `d·k`, where d is a
+//! draft pass relative to a one-token step ([`super::SpeculativeConfig::draft_cost`]).
 //! [`Acceptance`] estimates α for a sequence from its own recent verifications.
 
 /// Expected tokens per step from proposing `k` tokens each accepted with probability
@@ -17,12 +17,13 @@ pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
 }
 
 /// The number of tokens in `0..=max` to propose that maximises tokens per unit of time at
-/// acceptance `alpha` and relative verify cost `cost`; the smallest such k on ties.
-pub fn best_num_tokens(alpha: f64, max: usize, cost: f64) -> usize {
+/// acceptance `alpha`, where `time(k)` is a step that verifies k tokens relative to a
+/// one-token step (`time(0)` is taken as 1); the smallest such k on ties.
+pub fn best_num_tokens(alpha: f64, max: usize, time: impl Fn(usize) -> f64) -> usize {
     let alpha = alpha.clamp(0.0, 1.0);
     let mut best = (0, 1.0);
     for k in 1..=max {
-        let rate = expected_tokens(alpha, k) / (1.0 + cost * k as f64);
+        let rate = expected_tokens(alpha, k) / time(k).max(1e-9);
         if rate > best.1 + 1e-12 {
             best = (k, rate);
         }
@@ -84,15 +85,22 @@ impl Acceptance {
         self.trials *= IDLE_DECAY;
     }
 
-    /// Tokens to propose next, at most `max`, at relative verify cost `cost`.
-    pub fn num_tokens(&self, max: usize, cost: f64) -> usize {
-        best_num_tokens(self.rate(), max, cost)
+    /// Tokens to propose next, at most `max`, where `time(k)` is the relative time of a
+    /// step that verifies k tokens.
+    pub fn num_tokens(&self, max: usize, time: impl Fn(usize) -> f64) -> usize {
+        best_num_tokens(self.rate(), max, time)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::speculative::StepCost;
+
+    /// A step of k verified tokens at `c` per token.
+    fn line(c: f64) -> impl Fn(usize) -> f64 {
+        move |k| 1.0 + c * k as f64
+    }
 
     #[test]
     fn expected_tokens_is_the_geometric_sum() {
@@ -104,25 +112,25 @@ mod tests {
     #[test]
     fn best_k_follows_acceptance_and_cost() {
         // Free verification: always the most.
-        assert_eq!(best_num_tokens(0.3, 6, 0.0), 6);
+        assert_eq!(best_num_tokens(0.3, 6, line(0.0)), 6);
         // Certain acceptance pays whenever a token costs less than a step.
-        assert_eq!(best_num_tokens(1.0, 6, 0.5), 6);
+        assert_eq!(best_num_tokens(1.0, 6, line(0.5)), 6);
         // Nothing is accepted: never speculate.
-        assert_eq!(best_num_tokens(0.0, 6, 0.1), 0);
+        assert_eq!(best_num_tokens(0.0, 6, line(0.1)), 0);
         // A token must be accepted more often than it costs: alpha 0.1 at cost 0.15 does not pay.
-        assert_eq!(best_num_tokens(0.1, 6, 0.15), 0);
-        assert!(best_num_tokens(0.2, 6, 0.15) >= 1);
+        assert_eq!(best_num_tokens(0.1, 6, line(0.15)), 0);
+        assert!(best_num_tokens(0.2, 6, line(0.15)) >= 1);
         // Higher acceptance never asks for fewer tokens.
         let mut last = 0;
         for i in 0..=100 {
-            let k = best_num_tokens(f64::from(i) / 100.0, 8, 0.15);
+            let k = best_num_tokens(f64::from(i) / 100.0, 8, line(0.15));
             assert!(k >= last, "alpha {i}%: {k} < {last}");
             last = k;
         }
         assert_eq!(last, 8);
         // Out-of-range alpha is clamped.
-        assert_eq!(best_num_tokens(7.0, 3, 0.1), 3);
-        assert_eq!(best_num_tokens(-1.0, 3, 0.1), 0);
+        assert_eq!(best_num_tokens(7.0, 3, line(0.1)), 3);
+        assert_eq!(best_num_tokens(-1.0, 3, line(0.1)), 0);
     }
 
     #[test]
@@ -130,7 +138,7 @@ mod tests {
         for a in 0..=20 {
             for c in [0.0, 0.05, 0.15, 0.4, 1.0] {
                 let alpha = f64::from(a) / 20.0;
-                let k = best_num_tokens(alpha, 7, c);
+                let k = best_num_tokens(alpha, 7, line(c));
                 let rate = |k: usize| expected_tokens(alpha, k) / (1.0 + c * k as f64);
                 for other in 0..=7 {
                     assert!(
@@ -143,25 +151,55 @@ mod tests {
     }
 
     #[test]
+    fn a_measured_curve_buys_the_cheap_long_steps() {
+        // The AVX-512 curve: k = 4..8 cost about what k = 3 does.
+        let points = [
+            (1, 1.03),
+            (2, 1.13),
+            (3, 1.38),
+            (4, 1.38),
+            (6, 1.38),
+            (8, 1.41),
+        ];
+        let curve = StepCost::from_measured(&points, 8).unwrap();
+        let k = best_num_tokens(0.7, 8, |k| curve.at(k));
+        assert_eq!(k, 8, "long proposals are nearly free here");
+        // The straight line through the same points stops earlier.
+        let straight = best_num_tokens(0.7, 8, line(curve.per_token() + 0.02));
+        assert!(straight < 8, "{straight}");
+        // Poor acceptance still takes the cheap first rows and no more.
+        assert_eq!(best_num_tokens(0.1, 8, |k| curve.at(k)), 1);
+        // A draft's own passes make every token dearer.
+        assert!(best_num_tokens(0.7, 8, |k| curve.at(k) + 0.5 * k as f64) < 8);
+    }
+
+    #[test]
     fn acceptance_learns_and_forgets() {
         let mut a = Acceptance::new();
         assert_eq!(a.rate(), PRIOR);
-        assert!(a.num_tokens(5, 0.15) > 0, "a new sequence speculates");
+        assert!(a.num_tokens(5, line(0.15)) > 0, "a new sequence speculates");
         for _ in 0..20 {
             a.record(5, 0);
         }
         assert!(a.rate() < 0.15, "{}", a.rate());
-        assert_eq!(a.num_tokens(5, 0.15), 0, "rejections stop speculation");
+        assert_eq!(
+            a.num_tokens(5, line(0.15)),
+            0,
+            "rejections stop speculation"
+        );
         for _ in 0..200 {
             a.idle();
         }
-        assert!(a.num_tokens(5, 0.15) > 0, "idle steps bring back the prior");
+        assert!(
+            a.num_tokens(5, line(0.15)) > 0,
+            "idle steps bring back the prior"
+        );
         let mut b = Acceptance::new();
         for _ in 0..20 {
             b.record(5, 5);
         }
         assert!(b.rate() > 0.9, "{}", b.rate());
-        assert_eq!(b.num_tokens(5, 0.15), 5);
+        assert_eq!(b.num_tokens(5, line(0.15)), 5);
         // Tokens after the first rejection are not trials: 2 accepted of 5 is 2 of 3.
         let mut c = Acceptance::new();
         c.record(5, 2);

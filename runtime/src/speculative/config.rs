@@ -48,6 +48,10 @@ impl std::str::FromStr for SpeculativeMethod {
     }
 }
 
+/// The verify cost assumed where the engine cannot measure it: SmolLM2-135M's on a 2-core
+/// AMD EPYC (AVX2), 0.36 (`tidal bench speculative --verify-cost`), the dearest measured.
+pub const ASSUMED_VERIFY_COST: f64 = 0.35;
+
 /// Speculative decoding settings of one engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeculativeConfig {
@@ -65,9 +69,10 @@ pub struct SpeculativeConfig {
     pub max_running: usize,
     /// Time of each verified token relative to a one-token step (a step of 1 + k tokens
     /// takes `1 + verify_cost · k` times a one-token step): what the choice of k weighs
-    /// acceptance against. The default is SmolLM2-135M's on a 2-core AMD EPYC (AVX2)
-    /// (`tidal bench speculative --verify-cost`: 0.36); a GPU's is far lower.
-    pub verify_cost: f64,
+    /// acceptance against. `None`: the engine measures the whole curve of 1 + k token steps
+    /// when it starts, on its own device ([`super::StepCost`]), and assumes
+    /// [`ASSUMED_VERIFY_COST`] only where it cannot measure.
+    pub verify_cost: Option<f64>,
     /// The draft proposer's model (`--draft-model`): a GGUF whose vocabulary is the target's.
     pub draft_model: Option<PathBuf>,
     /// Re-quantise the draft's weights at load (`--draft-quantize`), as `--quantize` does
@@ -77,7 +82,7 @@ pub struct SpeculativeConfig {
     /// the target's cache holds, plus one block per sequence for the draft tokens.
     pub draft_kv_blocks: Option<usize>,
     /// Time of one draft forward pass relative to a one-token target step
-    /// (`--draft-cost`): added to `verify_cost` for each token the draft proposes, since
+    /// (`--draft-cost`): added to the verify cost for each token the draft proposes, since
     /// each costs one draft step. `None`: measured when the engine starts.
     pub draft_cost: Option<f64>,
 }
@@ -86,11 +91,11 @@ impl Default for SpeculativeConfig {
     fn default() -> Self {
         Self {
             method: SpeculativeMethod::Off,
-            num_speculative_tokens: 5,
-            ngram_min: 2,
+            num_speculative_tokens: 8,
+            ngram_min: 1,
             ngram_max: 4,
             max_running: 8,
-            verify_cost: 0.35,
+            verify_cost: None,
             draft_model: None,
             draft_quantize: None,
             draft_kv_blocks: None,
@@ -113,11 +118,12 @@ impl SpeculativeConfig {
                 self.ngram_min, self.ngram_max
             ));
         }
-        if !(self.verify_cost.is_finite() && self.verify_cost >= 0.0) {
-            return Err(format!(
-                "verify cost must be a non-negative number, not {}",
-                self.verify_cost
-            ));
+        if let Some(cost) = self.verify_cost {
+            if !(cost.is_finite() && cost >= 0.0) {
+                return Err(format!(
+                    "verify cost must be a non-negative number, not {cost}"
+                ));
+            }
         }
         if let Some(cost) = self.draft_cost {
             if !(cost.is_finite() && cost >= 0.0) {
@@ -167,7 +173,7 @@ mod tests {
                 ..ok.clone()
             },
             SpeculativeConfig {
-                verify_cost: f64::NAN,
+                verify_cost: Some(f64::NAN),
                 ..ok.clone()
             },
             SpeculativeConfig {

@@ -16,11 +16,9 @@
 //! stays exact. A full draft cache or a failed draft pass means no proposal, never a failed
 //! request.
 
-use std::time::Instant;
-
+use super::calibrate::measure_draft_cost;
 use super::draft_cache::DraftCache;
 use super::proposer::ProposalRequest;
-use crate::bench::median;
 use crate::engine::Executor;
 use crate::kv_cache::SeqId;
 use crate::model::{ForwardBatch, ForwardSeq};
@@ -94,7 +92,7 @@ impl DraftProposer {
             return;
         }
         let draft = (&mut self.executor, self.cache.num_blocks());
-        let measured = time_steps((target, target_blocks), draft, block_size);
+        let measured = measure_draft_cost((target, target_blocks), draft, block_size);
         match measured {
             Some(cost) => {
                 tracing::info!(
@@ -286,75 +284,6 @@ fn pass(
             tracing::warn!(error = %e, "draft {what} pass failed; no proposals");
             None
         }
-    }
-}
-
-/// Positions each model's KV must hold to be timed: a warm-up prompt (its first pass also
-/// pages in mapped weights), then one position per timed step.
-const WARM_UP: usize = 8;
-const TIMED_STEPS: usize = 5;
-
-/// Median one-token step of the draft over that of the target, both at a short context,
-/// timed alternately so that load from elsewhere falls on both alike.
-fn time_steps(
-    target: (&mut Executor, usize),
-    draft: (&mut Executor, usize),
-    block_size: usize,
-) -> Option<f64> {
-    let mut t = Stepper::new(target.0, target.1, block_size)?;
-    let mut d = Stepper::new(draft.0, draft.1, block_size)?;
-    let (mut tt, mut dt) = (Vec::new(), Vec::new());
-    for i in 0..TIMED_STEPS {
-        tt.push(t.step(WARM_UP + i)?);
-        dt.push(d.step(WARM_UP + i)?);
-    }
-    let (t, d) = (median(tt), median(dt));
-    (t > 0.0).then(|| d / t)
-}
-
-/// Runs timed one-token steps on an executor whose KV cache holds no sequence.
-struct Stepper<'a> {
-    executor: &'a mut Executor,
-    table: Vec<u32>,
-    tokens: Vec<u32>,
-}
-
-impl<'a> Stepper<'a> {
-    fn new(executor: &'a mut Executor, num_blocks: usize, block_size: usize) -> Option<Self> {
-        let positions = WARM_UP + TIMED_STEPS;
-        let blocks = positions.div_ceil(block_size.max(1));
-        if blocks > num_blocks {
-            return None;
-        }
-        let vocab = executor.config().vocab_size.max(1) as u32;
-        let tokens = (0..positions as u32)
-            .map(|i| (i * 31 + 7) % vocab)
-            .collect();
-        let mut s = Self {
-            executor,
-            table: (0..blocks as u32).collect(),
-            tokens,
-        };
-        s.run(0, WARM_UP)?;
-        Some(s)
-    }
-
-    fn run(&mut self, start: usize, len: usize) -> Option<f64> {
-        let batch = ForwardBatch {
-            seqs: vec![ForwardSeq {
-                tokens: &self.tokens[start..start + len],
-                start_pos: start,
-                block_table: &self.table,
-                num_logits: 1,
-            }],
-        };
-        let started = Instant::now();
-        self.executor.forward(&batch).ok()?;
-        Some(started.elapsed().as_secs_f64())
-    }
-
-    fn step(&mut self, position: usize) -> Option<f64> {
-        self.run(position, 1)
     }
 }
 

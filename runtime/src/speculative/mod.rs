@@ -24,9 +24,11 @@
 //!   continuation, batched over the sequences, from a paged KV cache of its own
 //!   (`draft_cache`) that keeps only tokens the sequence really has.
 //! - [`adaptive`]: how many tokens to propose for a sequence, from its recent acceptance and
-//!   what a longer step costs (for a draft model, its own forward passes too).
+//!   what a longer step costs ([`StepCost`], measured when the engine starts; for a draft
+//!   model, its own forward passes too).
 
 pub mod adaptive;
+mod calibrate;
 mod config;
 mod draft;
 mod draft_cache;
@@ -34,12 +36,15 @@ mod draft_load;
 pub mod ngram;
 mod proposer;
 mod stats;
+mod step_cost;
 pub mod verify;
 
 pub use adaptive::{best_num_tokens, Acceptance};
-pub use config::{SpeculativeConfig, SpeculativeMethod};
+pub(crate) use calibrate::measure_step_cost;
+pub use config::{SpeculativeConfig, SpeculativeMethod, ASSUMED_VERIFY_COST};
 pub use draft_load::{check_vocabulary, DraftError};
 pub use ngram::NgramProposer;
 pub(crate) use proposer::{ProposalRequest, Proposer};
 pub use stats::SpeculationStats;
+pub use step_cost::StepCost;
 pub use verify::verify;

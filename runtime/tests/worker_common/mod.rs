@@ -225,6 +225,7 @@ pub async fn reference(
             ignore_eos: true,
             resume: None,
             cache_scope: Default::default(),
+            num_speculative_tokens: None,
         })
         .unwrap();
     let (mut ids, mut text) = (Vec::new(), String::new());

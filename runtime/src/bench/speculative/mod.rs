@@ -41,6 +41,8 @@ pub struct SpeculativeReport {
     pub acceptance_rate: f64,
     /// Tokens per verification (accepted proposals plus the target's own token).
     pub mean_accepted_length: f64,
+    /// Share of decode steps that verified a proposal (the rest found none worth verifying).
+    pub verified_share: f64,
     /// Generated tokens per round.
     pub generated_tokens: usize,
     /// Whether both engines gave the same tokens for every request (greedy).
@@ -150,11 +152,7 @@ pub fn speculative(
         ratios.push(r_on / r_off.max(1e-9));
     }
     let after = settled(on);
-    let spec = SpeculationStats {
-        drafts: after.drafts - before.drafts,
-        draft_tokens: after.draft_tokens - before.draft_tokens,
-        accepted_tokens: after.accepted_tokens - before.accepted_tokens,
-    };
+    let spec = after.since(&before);
     Ok(SpeculativeReport {
         workload: workload.to_owned(),
         concurrency,
@@ -164,6 +162,7 @@ pub fn speculative(
         speedup: median(ratios),
         acceptance_rate: spec.acceptance_rate(),
         mean_accepted_length: spec.mean_accepted_length(),
+        verified_share: spec.verified_share(),
         generated_tokens,
         identical,
     })

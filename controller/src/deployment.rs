@@ -269,7 +269,7 @@ pub(crate) fn fetch_container(image: &str, fetch: Fetch<'_>) -> Container {
         });
     }
     Container {
-        name: fetch.name.into(),
+        name: fetch.name,
         image: Some(image.to_string()),
         command: Some(vec!["sh".into(), "-c".into(), script]),
         env: Some(envs),

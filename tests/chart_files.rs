@@ -15,6 +15,7 @@ fn every_plain_yaml_file_of_the_chart_parses() {
         "Chart.yaml".to_string(),
         "values.yaml".to_string(),
         "crds/model.yaml".to_string(),
+        "crds/modelpool.yaml".to_string(),
     ];
     for dir in ["ci"] {
         for entry in std::fs::read_dir(chart_dir().join(dir)).expect("ci/") {
@@ -63,6 +64,12 @@ fn the_chart_ships_the_generated_crd() {
         shipped == generated,
         "charts/tidal/crds/model.yaml is not what `tidal crd` prints: \
          run `tidal crd > crds/model.yaml && cp crds/model.yaml charts/tidal/crds/`"
+    );
+    let pool = chart_file("crds/modelpool.yaml");
+    assert!(
+        pool == tidal_crds::pool_crd_yaml().expect("ModelPool CRD renders"),
+        "charts/tidal/crds/modelpool.yaml is not what `tidal crd --pool` prints: \
+         run `tidal crd --pool > crds/modelpool.yaml && cp crds/modelpool.yaml charts/tidal/crds/`"
     );
     // Helm's crds/ directory takes plain manifests only: no template syntax.
     assert!(

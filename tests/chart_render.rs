@@ -390,6 +390,8 @@ fn check_rbac(manifests: &[Manifest], cluster_wide: bool, watch_ns: &str) {
     let want = [
         (("tidal.dev", "models"), set(&["list", "watch", "patch"])),
         (("tidal.dev", "models/status"), set(&["patch"])),
+        (("tidal.dev", "modelpools"), set(&["list", "watch"])),
+        (("tidal.dev", "modelpools/status"), set(&["patch"])),
         (
             ("apps", "deployments"),
             set(&["list", "watch", "create", "patch", "delete"]),
@@ -412,6 +414,8 @@ fn check_rbac(manifests: &[Manifest], cluster_wide: bool, watch_ns: &str) {
         [
             "models",
             "models/status",
+            "modelpools",
+            "modelpools/status",
             "deployments",
             "pods",
             "nodes",

@@ -16,7 +16,7 @@ use kube::runtime::reflector::Store;
 use kube::Client;
 use tidal_autoscaler::{Decision, PolicyState, ScalingSpec};
 use tidal_billing::{FleetUsage, Ledger, Prices};
-use tidal_crds::ModelStatus;
+use tidal_crds::{Model, ModelPool, ModelStatus};
 use tidal_queue::{Broker, ModelRecord};
 
 use crate::deployment::WorkerConfig;
@@ -112,6 +112,10 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// The controller's Deployments.
     pub deployments: Store<Deployment>,
+    /// The `ModelPool`s (empty until `run` sets its cache).
+    pub pools: Store<ModelPool>,
+    /// The Models, as the pool reconciler reads them (empty until `run` sets its cache).
+    pub models: Store<Model>,
     /// Settings.
     pub settings: Settings,
     /// The clock.
@@ -146,6 +150,8 @@ impl Context {
             pods,
             nodes,
             deployments,
+            pools: kube::runtime::reflector::store().0,
+            models: kube::runtime::reflector::store().0,
             settings,
             clock,
             memory: Mutex::new(HashMap::new()),

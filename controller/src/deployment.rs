@@ -25,10 +25,13 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
-use tidal_crds::{CapacityPool, Model, ModelSource, RuntimeSettings, SecretKeyRef, Source};
+use tidal_crds::{
+    Capacity, CapacityPool, Model, ModelSource, Resources, RuntimeSettings, SecretKeyRef, Source,
+};
 use tidal_queue::CapacityType;
 
 use crate::names::{capacity_value, deployment_name, labels, model_id, selector_labels};
@@ -138,7 +141,7 @@ fn draft_source(model: &Model) -> Option<(Source, &ModelSource)> {
 
 /// Shell script of the init container that downloads the weights (idempotent: a cached file
 /// with the right checksum is kept).
-const FETCH_SCRIPT: &str = r#"set -eu
+pub(crate) const FETCH_SCRIPT: &str = r#"set -eu
 f="$MODELS_DIR/$MODEL_FILE"
 if [ -f "$f" ]; then
   if [ -z "${MODEL_SHA256:-}" ]; then exit 0; fi
@@ -186,7 +189,7 @@ pub fn container_security_context() -> SecurityContext {
     }
 }
 
-fn env(name: &str, value: &str) -> EnvVar {
+pub(crate) fn env(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value: Some(value.into()),
@@ -194,20 +197,25 @@ fn env(name: &str, value: &str) -> EnvVar {
     }
 }
 
-/// The worker's environment: its pod name, and the Model's shared prefixes (as an
-/// environment variable rather than an argument: they may be long texts).
-fn worker_env(rt: &RuntimeSettings) -> Vec<EnvVar> {
-    let mut envs = vec![EnvVar {
-        name: "POD_NAME".into(),
+/// An environment variable set from a field of the pod (`metadata.name`, `spec.nodeName`).
+pub(crate) fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
         value_from: Some(EnvVarSource {
             field_ref: Some(ObjectFieldSelector {
-                field_path: "metadata.name".into(),
+                field_path: field_path.into(),
                 api_version: None,
             }),
             ..EnvVarSource::default()
         }),
         ..EnvVar::default()
-    }];
+    }
+}
+
+/// The worker's environment: its pod name, and the Model's shared prefixes (as an
+/// environment variable rather than an argument: they may be long texts).
+fn worker_env(rt: &RuntimeSettings) -> Vec<EnvVar> {
+    let mut envs = vec![field_env("POD_NAME", "metadata.name")];
     if let Some(json) = rt.shared_prefixes_json() {
         envs.push(env("TIDAL_SHARED_PREFIXES", &json));
     }
@@ -215,20 +223,31 @@ fn worker_env(rt: &RuntimeSettings) -> Vec<EnvVar> {
 }
 
 /// One download of an init container: what, from where, into which volume.
-struct Fetch<'a> {
+pub(crate) struct Fetch<'a> {
     /// Container name.
-    name: &'static str,
-    /// Volume mounted at `dir`.
-    volume: &'static str,
-    dir: &'static str,
-    source: &'a Source,
-    url: String,
-    token: Option<&'a SecretKeyRef>,
+    pub name: String,
+    /// Volume mounted at `mount`.
+    pub volume: &'static str,
+    /// Where the volume is mounted.
+    pub mount: &'static str,
+    /// The directory the file goes to (`mount` or below it; created when missing).
+    pub dir: String,
+    pub source: &'a Source,
+    pub url: String,
+    pub token: Option<&'a SecretKeyRef>,
 }
 
-fn fetch_container(model: &Model, fetch: Fetch<'_>) -> Container {
+/// The init container that downloads `fetch` with `image` (the script keeps a cached file
+/// whose checksum matches).
+pub(crate) fn fetch_container(image: &str, fetch: Fetch<'_>) -> Container {
+    // A Model's own volume is its directory; a pool's cache has one directory per Model.
+    let script = if fetch.dir == fetch.mount {
+        FETCH_SCRIPT.to_string()
+    } else {
+        format!("mkdir -p \"$MODELS_DIR\"\n{FETCH_SCRIPT}")
+    };
     let mut envs = vec![
-        env("MODELS_DIR", fetch.dir),
+        env("MODELS_DIR", &fetch.dir),
         env("MODEL_FILE", fetch.source.file_name()),
         env("MODEL_URL", &fetch.url),
     ];
@@ -250,13 +269,13 @@ fn fetch_container(model: &Model, fetch: Fetch<'_>) -> Container {
         });
     }
     Container {
-        name: fetch.name.into(),
-        image: Some(model.spec.runtime.fetch_image.clone()),
-        command: Some(vec!["sh".into(), "-c".into(), FETCH_SCRIPT.into()]),
+        name: fetch.name,
+        image: Some(image.to_string()),
+        command: Some(vec!["sh".into(), "-c".into(), script]),
         env: Some(envs),
         volume_mounts: Some(vec![VolumeMount {
             name: fetch.volume.into(),
-            mount_path: fetch.dir.into(),
+            mount_path: fetch.mount.into(),
             ..VolumeMount::default()
         }]),
         security_context: Some(container_security_context()),
@@ -283,8 +302,7 @@ fn download_volume(name: &str, claim: Option<&String>) -> Volume {
     }
 }
 
-fn resources(model: &Model) -> ResourceRequirements {
-    let r = &model.spec.resources;
+fn resources(r: &Resources) -> ResourceRequirements {
     let mut limits = BTreeMap::new();
     let mut requests = BTreeMap::new();
     if r.gpus > 0 {
@@ -307,16 +325,15 @@ fn resources(model: &Model) -> ResourceRequirements {
     }
 }
 
-fn pool(model: &Model, capacity: CapacityType) -> &CapacityPool {
+fn pool(c: &Capacity, capacity: CapacityType) -> &CapacityPool {
     match capacity {
-        CapacityType::Spot => &model.spec.capacity.spot,
-        CapacityType::OnDemand => &model.spec.capacity.on_demand,
+        CapacityType::Spot => &c.spot,
+        CapacityType::OnDemand => &c.on_demand,
     }
 }
 
-fn node_selector(model: &Model, capacity: CapacityType) -> Option<BTreeMap<String, String>> {
-    let mut sel = pool(model, capacity).node_selector.clone();
-    let r = &model.spec.resources;
+fn node_selector(pool: &CapacityPool, r: &Resources) -> Option<BTreeMap<String, String>> {
+    let mut sel = pool.node_selector.clone();
     if let Some(gpu) = &r.gpu_type {
         let label = r
             .gpu_type_label
@@ -338,21 +355,6 @@ pub fn build(
 ) -> Deployment {
     let name = model.name_any();
     let rt = &model.spec.runtime;
-    let port = i32::from(rt.port);
-    let port_ref = IntOrString::String("http".into());
-    let tmp_mount = VolumeMount {
-        name: "tmp".into(),
-        mount_path: TMP_DIR.into(),
-        ..VolumeMount::default()
-    };
-    let tmp_volume = Volume {
-        name: "tmp".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
-            medium: None,
-        }),
-        ..Volume::default()
-    };
     let mut mounts = vec![];
     let mut volumes = vec![];
     let mut init = vec![];
@@ -360,9 +362,10 @@ pub fn build(
     let downloads = [
         source.download_url().map(|url| {
             let fetch = Fetch {
-                name: "fetch-model",
+                name: "fetch-model".into(),
                 volume: "models",
-                dir: MODELS_DIR,
+                mount: MODELS_DIR,
+                dir: MODELS_DIR.into(),
                 source,
                 url,
                 token: model.spec.source.token_secret.as_ref(),
@@ -371,9 +374,10 @@ pub fn build(
         }),
         draft.as_ref().and_then(|(draft, spec)| {
             let fetch = Fetch {
-                name: "fetch-draft-model",
+                name: "fetch-draft-model".into(),
                 volume: "draft-model",
-                dir: DRAFT_MODEL_DIR,
+                mount: DRAFT_MODEL_DIR,
+                dir: DRAFT_MODEL_DIR.into(),
                 source: draft,
                 url: draft.download_url()?,
                 token: spec.token_secret.as_ref(),
@@ -384,21 +388,94 @@ pub fn build(
     for (fetch, claim) in downloads.into_iter().flatten() {
         mounts.push(VolumeMount {
             name: fetch.volume.into(),
-            mount_path: fetch.dir.into(),
+            mount_path: fetch.mount.into(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
         volumes.push(download_volume(fetch.volume, claim));
-        init.push(fetch_container(model, fetch));
+        init.push(fetch_container(&rt.fetch_image, fetch));
     }
-    mounts.push(tmp_mount);
-    volumes.push(tmp_volume);
+    assemble(
+        WorkerPods {
+            name: deployment_name(&name, capacity),
+            namespace: model.namespace(),
+            owner: model.controller_owner_ref(&()),
+            labels: labels(&name, capacity),
+            selector: selector_labels(&name, capacity),
+            image: rt.image.clone(),
+            args: worker_args(model, source, capacity, cfg),
+            env: worker_env(rt),
+            port: rt.port,
+            resources: &model.spec.resources,
+            pool: pool(&model.spec.capacity, capacity),
+            drain_timeout_seconds: model.spec.drain_timeout_seconds,
+            init,
+            volumes,
+            mounts,
+        },
+        replicas,
+    )
+}
+
+/// What tells one fleet's worker pods from another's: a Model's, or a `ModelPool`'s.
+pub(crate) struct WorkerPods<'a> {
+    /// Deployment name.
+    pub name: String,
+    pub namespace: Option<String>,
+    /// The owning resource (the Deployment goes with it).
+    pub owner: Option<OwnerReference>,
+    /// Labels of the Deployment and its pods.
+    pub labels: BTreeMap<String, String>,
+    /// The Deployment's selector.
+    pub selector: BTreeMap<String, String>,
+    pub image: String,
+    /// Arguments after `tidal`.
+    pub args: Vec<String>,
+    pub env: Vec<EnvVar>,
+    /// Port of `/health`, `/drain` and `/metrics`.
+    pub port: u16,
+    pub resources: &'a Resources,
+    /// Scheduling of the capacity type.
+    pub pool: &'a CapacityPool,
+    pub drain_timeout_seconds: u32,
+    /// Init containers, in order.
+    pub init: Vec<Container>,
+    /// Volumes besides `/tmp`.
+    pub volumes: Vec<Volume>,
+    /// The worker's mounts besides `/tmp`.
+    pub mounts: Vec<VolumeMount>,
+}
+
+/// The Deployment of worker pods with `replicas` replicas: the worker container with its
+/// probes, drain hook and resources, the locked-down pod, scheduling and grace period that
+/// every fleet's workers share.
+pub(crate) fn assemble(w: WorkerPods<'_>, replicas: u32) -> Deployment {
+    let WorkerPods {
+        mut mounts,
+        mut volumes,
+        ..
+    } = w;
+    let port = i32::from(w.port);
+    let port_ref = IntOrString::String("http".into());
+    mounts.push(VolumeMount {
+        name: "tmp".into(),
+        mount_path: TMP_DIR.into(),
+        ..VolumeMount::default()
+    });
+    volumes.push(Volume {
+        name: "tmp".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(TMP_SIZE_LIMIT.into())),
+            medium: None,
+        }),
+        ..Volume::default()
+    });
     let worker = Container {
         name: "worker".into(),
-        image: Some(rt.image.clone()),
+        image: Some(w.image),
         command: Some(vec!["tidal".into()]),
-        args: Some(worker_args(model, source, capacity, cfg)),
-        env: Some(worker_env(rt)),
+        args: Some(w.args),
+        env: Some(w.env),
         ports: Some(vec![ContainerPort {
             name: Some("http".into()),
             container_port: port,
@@ -439,43 +516,42 @@ pub fn build(
             }),
             ..Lifecycle::default()
         }),
-        resources: Some(resources(model)),
+        resources: Some(resources(w.resources)),
         volume_mounts: Some(mounts),
         security_context: Some(container_security_context()),
         ..Container::default()
     };
-    let pool = pool(model, capacity);
-    let owner = model.controller_owner_ref(&());
     Deployment {
         metadata: ObjectMeta {
-            name: Some(deployment_name(&name, capacity)),
-            namespace: model.namespace(),
-            labels: Some(labels(&name, capacity)),
-            owner_references: owner.map(|o| vec![o]),
+            name: Some(w.name),
+            namespace: w.namespace,
+            labels: Some(w.labels.clone()),
+            owner_references: w.owner.map(|o| vec![o]),
             ..ObjectMeta::default()
         },
         spec: Some(DeploymentSpec {
             replicas: Some(i32::try_from(replicas).unwrap_or(i32::MAX)),
             selector: LabelSelector {
-                match_labels: Some(selector_labels(&name, capacity)),
+                match_labels: Some(w.selector),
                 match_expressions: None,
             },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(labels(&name, capacity)),
+                    labels: Some(w.labels),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {
                     containers: vec![worker],
-                    init_containers: (!init.is_empty()).then_some(init),
+                    init_containers: (!w.init.is_empty()).then_some(w.init),
                     volumes: Some(volumes),
                     security_context: Some(pod_security_context()),
                     // Workers talk to the queue, never to the Kubernetes API.
                     automount_service_account_token: Some(false),
-                    node_selector: node_selector(model, capacity),
-                    tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
+                    node_selector: node_selector(w.pool, w.resources),
+                    tolerations: (!w.pool.tolerations.is_empty())
+                        .then(|| w.pool.tolerations.clone()),
                     termination_grace_period_seconds: Some(
-                        i64::from(model.spec.drain_timeout_seconds) + GRACE_MARGIN_SECONDS,
+                        i64::from(w.drain_timeout_seconds) + GRACE_MARGIN_SECONDS,
                     ),
                     ..PodSpec::default()
                 }),

@@ -3,6 +3,10 @@
 //! with the autoscaling policy of `tidal-autoscaler` (design.md, "Autoscaling" and "Spot
 //! capacity").
 //!
+//! A `ModelPool` gets `{pool}-spot` and `{pool}-ondemand` of pool workers instead, built by
+//! [`pool_deployment`] and applied by [`pool_reconcile`]; a Model in a pool has none of its
+//! own ([`pooled`]).
+//!
 //! Pure parts (tested with plain unit tests): [`deployment`] (the Deployment a Model gets),
 //! [`observe`] (pods and nodes → the policy's view), [`report`] (status, record state,
 //! Events), [`fleet_time`] (replica time per minute), [`fleet_cost`] (the cost-rate gauge),
@@ -22,6 +26,9 @@ pub mod leader;
 pub mod model_metrics;
 pub mod names;
 pub mod observe;
+pub mod pool_deployment;
+pub mod pool_reconcile;
+pub mod pooled;
 pub mod reconcile;
 pub mod report;
 pub mod run;

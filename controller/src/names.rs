@@ -9,6 +9,8 @@ use tidal_queue::CapacityType;
 pub const FIELD_MANAGER: &str = "tidal-controller";
 /// Pod label: the Model's name.
 pub const MODEL_LABEL: &str = "tidal.dev/model";
+/// Pod label of a `ModelPool`'s workers: the pool's name.
+pub const POOL_LABEL: &str = "tidal.dev/pool";
 /// Pod label: `spot` or `on-demand`.
 pub const CAPACITY_LABEL: &str = "tidal.dev/capacity";
 /// Label on every object the controller creates.
@@ -63,6 +65,26 @@ pub fn labels(model: &str, capacity: CapacityType) -> BTreeMap<String, String> {
     let mut l = selector_labels(model, capacity);
     l.insert("app.kubernetes.io/name".into(), "tidal-runtime".into());
     l.insert("app.kubernetes.io/instance".into(), model.to_string());
+    l.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    l
+}
+
+/// Labels that select one capacity type's pods of a `ModelPool`.
+pub fn pool_selector_labels(pool: &str, capacity: CapacityType) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (POOL_LABEL.to_string(), pool.to_string()),
+        (
+            CAPACITY_LABEL.to_string(),
+            capacity_value(capacity).to_string(),
+        ),
+    ])
+}
+
+/// Labels of a `ModelPool`'s Deployments and their pods.
+pub fn pool_labels(pool: &str, capacity: CapacityType) -> BTreeMap<String, String> {
+    let mut l = pool_selector_labels(pool, capacity);
+    l.insert("app.kubernetes.io/name".into(), "tidal-runtime".into());
+    l.insert("app.kubernetes.io/instance".into(), pool.to_string());
     l.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
     l
 }

@@ -9,6 +9,8 @@
 //! Cleanup (the finaliser): remove the model record so the gateway stops routing to it,
 //! delete the Deployments, fail every queued job (the clients get an error), give in-flight
 //! jobs the drain timeout to finish, then fail what is left and purge the model's streams.
+//! A Model with `spec.pool` takes [`crate::pooled::tick_pooled`] instead of the policy and
+//! Deployments.
 //! Gone: a reconcile that finds its Model no longer in the API (one queued before the
 //! deletion finished) is normal: it forgets the Model and is not retried.
 
@@ -124,11 +126,11 @@ pub fn error_policy(model: Arc<Model>, err: &Error, ctx: Arc<Context>) -> Action
     }
 }
 
-fn to_time(t: SystemTime) -> Time {
+pub(crate) fn to_time(t: SystemTime) -> Time {
     Time(Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH))
 }
 
-fn queue_prices(spec: &ModelSpec) -> tidal_queue::Prices {
+pub(crate) fn queue_prices(spec: &ModelSpec) -> tidal_queue::Prices {
     let p = &spec.pricing;
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
     tidal_queue::Prices {
@@ -162,7 +164,7 @@ async fn publish_event(ctx: &Context, model: &Model, notice: &Notice, action: &'
     }
 }
 
-async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Result<()> {
+pub(crate) async fn patch_status(ctx: &Context, model: &Model, status: &ModelStatus) -> Result<()> {
     let ns = model.namespace().ok_or(Error::Incomplete("namespace"))?;
     let api: Api<Model> = Api::namespaced(ctx.client.clone(), &ns);
     let body = json!({
@@ -246,12 +248,13 @@ async fn apply(model: Arc<Model>, ctx: Arc<Context>) -> Result<Action> {
             .and_then(|s| Ok((s, model.spec.source()?)))
             .map_err(|e| e.to_string())
     };
-    let result = match checked {
-        Ok((scaling, source)) => {
+    let result = match (checked, model.spec.pool.as_deref()) {
+        (Ok(_), Some(pool)) => crate::pooled::tick_pooled(&model, &ctx, &mut mem, &ns, pool).await,
+        (Ok((scaling, source)), None) => {
             adopt_scaling(&mut mem, &scaling);
             tick(&model, &ctx, &mut mem, &scaling, &source, fleet).await
         }
-        Err(message) => invalid(&model, &ctx, &mut mem, message).await,
+        (Err(message), _) => invalid(&model, &ctx, &mut mem, message).await,
     };
     ctx.memory().insert(id, mem);
     result
@@ -305,7 +308,7 @@ fn observe(ctx: &Context, ns: &str, name: &str, capacity: CapacityType) -> PoolO
     })
 }
 
-async fn publish_prices(
+pub(crate) async fn publish_prices(
     ctx: &Context,
     id: &str,
     spec: &ModelSpec,

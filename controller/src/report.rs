@@ -68,7 +68,7 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String, t: &Tick<'_>)
 }
 
 /// Keeps a condition's transition time when its status did not change.
-fn carry_transitions(new: &mut [Condition], old: &[Condition]) {
+pub(crate) fn carry_transitions(new: &mut [Condition], old: &[Condition]) {
     for c in new {
         if let Some(o) = old.iter().find(|o| o.type_ == c.type_) {
             if o.status == c.status {

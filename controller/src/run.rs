@@ -13,13 +13,14 @@ use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, Controller, WatchStreamExt};
 use kube::{Client, Resource};
 use thiserror::Error;
 use tidal_autoscaler::schedule::TZ_DATABASE;
 use tidal_billing::Ledger;
-use tidal_crds::Model;
+use tidal_crds::{Model, ModelPool};
 use tidal_queue::{BrokerConfig, RedisBroker};
 use tokio::sync::watch;
 
@@ -28,6 +29,7 @@ use crate::http::{router, Render};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::model_metrics::ModelMetrics;
 use crate::names::{MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL};
+use crate::pool_reconcile::{pool_error_policy, reconcile_pool};
 use crate::reconcile::{error_policy, reconcile};
 use crate::watch_mode;
 
@@ -222,22 +224,44 @@ pub async fn run(
         system_clock(),
     );
     ctx.model_metrics = model_metrics.clone();
+    ctx.pools = cache::<ModelPool>(api(&client, ns), wc.clone());
+    ctx.models = cache::<Model>(api(&client, ns), wc.clone());
     let ctx = Arc::new(ctx);
 
     let mut lost = leading.clone();
     let (ctl_stop_tx, ctl_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = Controller::new(models, wc)
-        .owns(api::<Deployment>(&client, ns), owned)
+    let controller = Controller::new(models, wc.clone())
+        .owns(api::<Deployment>(&client, ns), owned.clone())
         .graceful_shutdown_on(async move {
             let _ = ctl_stop_rx.await;
         })
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => tracing::debug!(model = %obj.name, "reconciled"),
                 Err(e) => tracing::debug!(error = %e, "reconcile error"),
             }
         });
+    // A pool's pods download its Models: a Model joining, leaving or changing its source
+    // reconciles the pool it names.
+    let (pool_stop_tx, pool_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let pools = Controller::new(api::<ModelPool>(&client, ns), wc.clone())
+        .owns(api::<Deployment>(&client, ns), owned.clone())
+        .watches(api::<Model>(&client, ns), wc.clone(), |m: Model| {
+            let ns = m.metadata.namespace.clone()?;
+            Some(ObjectRef::<ModelPool>::new(m.spec.pool.as_deref()?).within(&ns))
+        })
+        .graceful_shutdown_on(async move {
+            let _ = pool_stop_rx.await;
+        })
+        .run(reconcile_pool, pool_error_policy, ctx.clone())
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::debug!(pool = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "pool reconcile error"),
+            }
+        });
+    let controller = futures::future::join(controller, pools);
     let mut controller = Box::pin(controller);
     let outcome = tokio::select! {
         _ = &mut controller => Ok(()),
@@ -245,6 +269,7 @@ pub async fn run(
         _ = shutdown => Ok(()),
     };
     let _ = ctl_stop_tx.send(());
+    let _ = pool_stop_tx.send(());
     if outcome.is_ok() {
         // finish in-flight reconciles before giving the lease up
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;

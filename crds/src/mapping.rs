@@ -12,8 +12,8 @@ use tidal_autoscaler::{
 };
 
 use crate::spec::{
-    CapacityMode, ModelSource, ModelSpec, ScaleDownHold, ScheduledFloor, SpeculativeMethodSpec,
-    StableAggregate as SpecAggregate,
+    Capacity, CapacityMode, ModelSource, ModelSpec, ScaleDownHold, Scaling, ScheduledFloor,
+    SpeculativeMethodSpec, StableAggregate as SpecAggregate,
 };
 use crate::status::{ColdStartSource, TimeConstants};
 
@@ -29,6 +29,15 @@ pub enum InvalidSpec {
     /// The draft model of `runtime.speculative` is missing or malformed.
     #[error("runtime.speculative.draftModel: {0}")]
     DraftModel(String),
+    /// A Model in a pool sets what only its own fleet would use.
+    #[error("{0}")]
+    Pooled(&'static str),
+    /// The node cache of a `ModelPool` names neither or both of `hostPath` and `volumeClaim`.
+    #[error("cache: set exactly one of hostPath or volumeClaim")]
+    PoolCache,
+    /// A `ModelPool`'s spec the placement cannot act on.
+    #[error(transparent)]
+    Pool(#[from] tidal_autoscaler::pool::PoolSpecError),
     /// `baseOnDemandReplicas` above `maxReplicas`.
     #[error("baseOnDemandReplicas ({base}) is greater than maxReplicas ({max})")]
     BaseAboveMax {
@@ -211,71 +220,7 @@ impl ModelSpec {
     /// `cold_start` (at the spec's TTFT target); a stable window left out is at least a
     /// panic window given, so whether a spec is valid does not depend on the cold start.
     pub fn scaling_spec(&self, cold_start: ColdStart) -> Result<ScalingSpec, InvalidSpec> {
-        let s = &self.scaling;
-        let c = &self.capacity;
-        let ttft_target = Duration::from_millis(u64::from(s.ttft_target_milliseconds));
-        let sized = ScalingSpec {
-            ttft_target,
-            ..ScalingSpec::default()
-        }
-        .with_cold_start(cold_start.duration);
-        let panic_given = s.panic_window_seconds.map(secs);
-        let stable_window = s
-            .stable_window_seconds
-            .map(secs)
-            .unwrap_or_else(|| sized.stable_window.max(panic_given.unwrap_or_default()));
-        let spec = ScalingSpec {
-            min_replicas: s.min_replicas,
-            max_replicas: s.max_replicas,
-            target_in_flight_per_replica: f64::from(s.target_in_flight_per_replica),
-            scale_to_zero_after: s
-                .scale_to_zero_after_seconds
-                .map_or(sized.scale_to_zero_after, secs),
-            stable_window,
-            stable_aggregate: match s.stable_aggregate {
-                None => sized.stable_aggregate,
-                Some(SpecAggregate::Mean) => StableAggregate::Mean,
-                Some(SpecAggregate::Max) => StableAggregate::Max,
-            },
-            // a tenth of the stable window, as the sized spec's; 1 s at least (the schema's floor)
-            panic_window: panic_given
-                .unwrap_or_else(|| (stable_window / 10).max(Duration::from_secs(1))),
-            panic_threshold: f64::from(s.panic_threshold_percent) / 100.0,
-            scale_down_delay: s
-                .scale_down_delay_seconds
-                .map_or(sized.scale_down_delay, secs),
-            scale_down_hold: match s.scale_down_hold {
-                ScaleDownHold::Flat => PolicyHold::Flat,
-                ScaleDownHold::PerLevel => PolicyHold::PerLevel,
-            },
-            max_scale_up_rate: s.max_scale_up_rate,
-            max_scale_down_rate: s.max_scale_down_rate,
-            capacity_mode: match c.mode {
-                CapacityMode::Spot => PolicyMode::Spot,
-                CapacityMode::OnDemand => PolicyMode::OnDemand,
-                CapacityMode::SpotWithFallback => PolicyMode::SpotWithFallback,
-            },
-            base_on_demand_replicas: c.base_on_demand_replicas,
-            fallback_after: secs(c.fallback_after_seconds),
-            prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
-            ttft_target,
-            decoding_weight: f64::from(s.decoding_weight_percent) / 100.0,
-            floor_schedule: s
-                .floor_schedule
-                .iter()
-                .enumerate()
-                .map(|(index, w)| floor_window(index, w))
-                .collect::<Result<_, _>>()?,
-            ..ScalingSpec::default()
-        };
-        spec.validate()?;
-        if c.base_on_demand_replicas > s.max_replicas {
-            return Err(InvalidSpec::BaseAboveMax {
-                base: c.base_on_demand_replicas,
-                max: s.max_replicas,
-            });
-        }
-        Ok(spec)
+        policy_scaling(&self.scaling, &self.capacity, cold_start)
     }
 
     /// The weights' source, parsed and checked.
@@ -354,6 +299,7 @@ impl ModelSpec {
     /// Every check the reconciler needs before acting; the policy's spec with the time
     /// constants left out sized on `cold_start`.
     pub fn validate(&self, cold_start: ColdStart) -> Result<ScalingSpec, InvalidSpec> {
+        self.check_pooled()?;
         self.source()?;
         self.draft_source()?;
         for (field, v) in [
@@ -384,6 +330,81 @@ impl ModelSpec {
         }
         self.scaling_spec(cold_start)
     }
+}
+
+/// A fleet's `scaling` and `capacity` sections as the autoscaling policy reads them,
+/// validated (a Model's own fleet, or a `ModelPool`'s workers). The time constants left out
+/// are those of [`ScalingSpec::with_cold_start`] for `cold_start` (at the spec's TTFT
+/// target); a stable window left out is at least a panic window given, so whether a spec is
+/// valid does not depend on the cold start.
+pub(crate) fn policy_scaling(
+    s: &Scaling,
+    c: &Capacity,
+    cold_start: ColdStart,
+) -> Result<ScalingSpec, InvalidSpec> {
+    let ttft_target = Duration::from_millis(u64::from(s.ttft_target_milliseconds));
+    let sized = ScalingSpec {
+        ttft_target,
+        ..ScalingSpec::default()
+    }
+    .with_cold_start(cold_start.duration);
+    let panic_given = s.panic_window_seconds.map(secs);
+    let stable_window = s
+        .stable_window_seconds
+        .map(secs)
+        .unwrap_or_else(|| sized.stable_window.max(panic_given.unwrap_or_default()));
+    let spec = ScalingSpec {
+        min_replicas: s.min_replicas,
+        max_replicas: s.max_replicas,
+        target_in_flight_per_replica: f64::from(s.target_in_flight_per_replica),
+        scale_to_zero_after: s
+            .scale_to_zero_after_seconds
+            .map_or(sized.scale_to_zero_after, secs),
+        stable_window,
+        stable_aggregate: match s.stable_aggregate {
+            None => sized.stable_aggregate,
+            Some(SpecAggregate::Mean) => StableAggregate::Mean,
+            Some(SpecAggregate::Max) => StableAggregate::Max,
+        },
+        // a tenth of the stable window, as the sized spec's; 1 s at least (the schema's floor)
+        panic_window: panic_given
+            .unwrap_or_else(|| (stable_window / 10).max(Duration::from_secs(1))),
+        panic_threshold: f64::from(s.panic_threshold_percent) / 100.0,
+        scale_down_delay: s
+            .scale_down_delay_seconds
+            .map_or(sized.scale_down_delay, secs),
+        scale_down_hold: match s.scale_down_hold {
+            ScaleDownHold::Flat => PolicyHold::Flat,
+            ScaleDownHold::PerLevel => PolicyHold::PerLevel,
+        },
+        max_scale_up_rate: s.max_scale_up_rate,
+        max_scale_down_rate: s.max_scale_down_rate,
+        capacity_mode: match c.mode {
+            CapacityMode::Spot => PolicyMode::Spot,
+            CapacityMode::OnDemand => PolicyMode::OnDemand,
+            CapacityMode::SpotWithFallback => PolicyMode::SpotWithFallback,
+        },
+        base_on_demand_replicas: c.base_on_demand_replicas,
+        fallback_after: secs(c.fallback_after_seconds),
+        prefill_tokens_per_second: f64::from(s.prefill_tokens_per_second),
+        ttft_target,
+        decoding_weight: f64::from(s.decoding_weight_percent) / 100.0,
+        floor_schedule: s
+            .floor_schedule
+            .iter()
+            .enumerate()
+            .map(|(index, w)| floor_window(index, w))
+            .collect::<Result<_, _>>()?,
+        ..ScalingSpec::default()
+    };
+    spec.validate()?;
+    if c.base_on_demand_replicas > s.max_replicas {
+        return Err(InvalidSpec::BaseAboveMax {
+            base: c.base_on_demand_replicas,
+            max: s.max_replicas,
+        });
+    }
+    Ok(spec)
 }
 
 fn secs(s: u32) -> Duration {

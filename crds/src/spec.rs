@@ -81,7 +81,18 @@ use crate::status::ModelStatus;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("self.capacity.baseOnDemandReplicas <= self.scaling.maxReplicas").message("baseOnDemandReplicas must not exceed scaling.maxReplicas").field_path(".capacity.baseOnDemandReplicas"))]
+#[x_kube(validation = kube::core::Rule::new(crate::pooled::POOLED_SCALING_RULE).message(crate::pooled::POOLED_SCALING_MESSAGE).field_path(".scaling"))]
+#[x_kube(validation = kube::core::Rule::new(crate::pooled::POOLED_CAPACITY_RULE).message(crate::pooled::POOLED_CAPACITY_MESSAGE).field_path(".capacity"))]
+#[x_kube(validation = kube::core::Rule::new(crate::pooled::POOLED_RESOURCES_RULE).message(crate::pooled::POOLED_RESOURCES_MESSAGE).field_path(".resources"))]
+#[x_kube(validation = kube::core::Rule::new(crate::pooled::POOLED_CACHE_RULE).message(crate::pooled::POOLED_CACHE_MESSAGE).field_path(".source.cacheVolumeClaim"))]
 pub struct ModelSpec {
+    /// The `ModelPool` (same namespace) whose workers serve this model. Left out, the model
+    /// gets its own Deployments; set, it has none: its weights go to the pool's node cache,
+    /// and `scaling` (but for the gateway's `maxQueueWaitSeconds` and `maxBacklog`),
+    /// `capacity`, `resources` and `source.cacheVolumeClaim` are the pool's business.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), length(min = 1, max = 54))]
+    pub pool: Option<String>,
     /// Where the GGUF weights come from.
     pub source: ModelSource,
     /// How the runtime workers run.

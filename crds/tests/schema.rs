@@ -250,13 +250,17 @@ fn cel_rules_name_their_field_and_the_controller_checks_agree() {
     assert_eq!(
         rules,
         [
+            ".spec.capacity",
             ".spec.capacity.baseOnDemandReplicas",
+            ".spec.resources",
             ".spec.runtime.sharedPrefixes[].text",
             ".spec.runtime.speculative.draftModel",
             ".spec.runtime.speculative.draftModel.sha256",
+            ".spec.scaling",
             ".spec.scaling.floorSchedule",
             ".spec.scaling.minReplicas",
             ".spec.scaling.panicWindowSeconds",
+            ".spec.source.cacheVolumeClaim",
             ".spec.source.sha256",
         ]
     );

@@ -45,7 +45,7 @@ pub enum Command {
     Sim(Box<tidal_autoscaler::sim::SimArgs>),
     /// The Kubernetes controller: Models → Deployments, autoscaled on their queues.
     Controller(controller::ControllerArgs),
-    /// Print the `Model` CustomResourceDefinition (YAML).
+    /// Print the `Model` (or with `--pool` the `ModelPool`) CustomResourceDefinition (YAML).
     Crd(crd::CrdArgs),
     /// The public OpenAI-compatible API: auth, limits, queueing, streaming, admin API.
     Gateway(gateway::GatewayArgs),

@@ -304,8 +304,7 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
     /// Sets the models `worker` of `pool` should hold, replacing its previous assignment
     /// (an empty list: hold nothing). [`QueueError::Invalid`] for an empty or blank model
     /// id or one given twice.
-    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String])
-        -> Result<()>;
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()>;
 
     /// The models `worker` of `pool` should hold; `None` when no assignment was written
     /// (or it was removed with the worker's stale heartbeat): the worker keeps what it holds.

@@ -32,6 +32,6 @@ pub use error::{QueueError, Result};
 pub use fail::{fail_job, JobFailure};
 pub use keys::Keys;
 pub use memory::MemoryBroker;
-pub use pool::{CachedModel, PoolHeartbeat, PoolLoadedModel};
+pub use pool::{CachedModel, FailedLoad, PoolHeartbeat, PoolLoadedModel};
 pub use redis_broker::RedisBroker;
 pub use types::*;

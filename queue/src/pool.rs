@@ -43,6 +43,15 @@ pub struct CachedModel {
     pub warm: bool,
 }
 
+/// A model a pool worker could not load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedLoad {
+    /// The model id.
+    pub model: String,
+    /// Why, for operators.
+    pub error: String,
+}
+
 /// A pool worker's report (`{prefix}pool:{pool}:workers` hash, field: the worker).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolHeartbeat {
@@ -68,6 +77,11 @@ pub struct PoolHeartbeat {
     pub unloading: Vec<String>,
     /// Models whose weights are in the node's local cache, loaded or not.
     pub cached: Vec<CachedModel>,
+    /// Models it was assigned but could not load (not in its model directory, a file whose
+    /// SHA-256 differs, too big for its free memory, a broken file), with why. It does not
+    /// try one again until the model leaves its assignment and comes back.
+    #[serde(default)]
+    pub failed: Vec<FailedLoad>,
     /// Whether the worker is shutting down (it claims nothing new for any model).
     pub draining: bool,
     /// When it reported (its clock, ms since the epoch).
@@ -153,6 +167,7 @@ mod tests {
                 sha256: None,
                 warm: true,
             }],
+            failed: vec![],
             draining: false,
             last_seen_ms: 7,
         };
@@ -160,10 +175,7 @@ mod tests {
         assert_eq!(json["capacity_type"], "spot");
         assert_eq!(json["loaded"][0]["last_used_ms"], 5);
         assert!(json["cached"][0].get("sha256").is_none());
-        assert_eq!(
-            serde_json::from_value::<PoolHeartbeat>(json).unwrap(),
-            beat
-        );
+        assert_eq!(serde_json::from_value::<PoolHeartbeat>(json).unwrap(), beat);
         assert!(beat.holds("a") && !beat.holds("b"));
     }
 }

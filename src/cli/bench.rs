@@ -226,7 +226,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let ceiling = bandwidth * 1e3 / weights_mb.max(1e-9);
             print(&serde_json::json!({
                 "bench": "decode",
-                "model": engine.model.display().to_string(),
+                "model": engine.model_path()?.display().to_string(),
                 "quantize": engine.quantize.map(|q| format!("{q:?}")),
                 "load_seconds": loaded.load_seconds,
                 "report": report,

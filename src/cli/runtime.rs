@@ -153,7 +153,8 @@ fn model_name(args: &RuntimeArgs) -> String {
     args.model_name.clone().unwrap_or_else(|| {
         args.engine
             .model
-            .file_stem()
+            .as_deref()
+            .and_then(|m| m.file_stem())
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     })
@@ -174,7 +175,7 @@ pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
 /// `--dry-run`: prints the memory plan and what it is checked against; an error (exit 1)
 /// when it does not fit or the device cannot say how much memory it has.
 fn dry_run(engine: &EngineArgs) -> anyhow::Result<()> {
-    let path = &engine.model;
+    let path = engine.model_path()?;
     let file = ModelFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let config = engine.engine_config();
     let plan = MemoryPlan::for_file(&file, &config, engine.quantize)

@@ -805,12 +805,7 @@ impl Broker for MemoryBroker {
         Ok(stale)
     }
 
-    async fn set_pool_assignment(
-        &self,
-        pool: &str,
-        worker: &str,
-        models: &[String],
-    ) -> Result<()> {
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()> {
         check_name("pool", pool)?;
         check_name("worker", worker)?;
         check_assignment(models)?;

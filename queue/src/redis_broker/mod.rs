@@ -1014,12 +1014,7 @@ impl Broker for RedisBroker {
         Ok(inv.invoke_async(&mut c).await?)
     }
 
-    async fn set_pool_assignment(
-        &self,
-        pool: &str,
-        worker: &str,
-        models: &[String],
-    ) -> Result<()> {
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()> {
         check_name("pool", pool)?;
         check_name("worker", worker)?;
         check_assignment(models)?;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidal_queue::{
-    Broker, CachedModel, CapacityType, PoolHeartbeat, PoolLoadedModel, ClaimedJob, FinishReason, Idempotency, Job, ModelRecord, ModelState,
-    Prices, QueueError, RequestRecord, ResponseEvent, Resume, Submitted, Usage, UsageEvent,
-    Withdrawal, WorkerHeartbeat,
+    Broker, CachedModel, CapacityType, ClaimedJob, FailedLoad, FinishReason, Idempotency, Job,
+    ModelRecord, ModelState, PoolHeartbeat, PoolLoadedModel, Prices, QueueError, RequestRecord,
+    ResponseEvent, Resume, Submitted, Usage, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use uuid::Uuid;
 
@@ -612,6 +612,10 @@ fn pool_beat(pool: &str, worker: &str, models: &[&str], last_seen_ms: u64) -> Po
             bytes: 100 << 20,
             sha256: Some("ab".repeat(32)),
             warm: false,
+        }],
+        failed: vec![FailedLoad {
+            model: "ns/broken".into(),
+            error: "sha256 differs".into(),
         }],
         draining: false,
         last_seen_ms,

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_profile;
 pub mod bench_speculative;
+pub mod bench_swap;
 pub mod billing;
 pub mod controller;
 pub mod crd;

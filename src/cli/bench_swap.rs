@@ -118,6 +118,8 @@ async fn process_round(args: &SwapArgs, path: &Path, case: &mut Case) -> anyhow:
     cmd.arg("runtime")
         .arg("--model")
         .arg(path)
+        .arg("--model-name")
+        .arg(MODEL_ID)
         .arg("--listen")
         .arg(format!("127.0.0.1:{}", args.port))
         .arg("--kv-cache-memory")
@@ -133,7 +135,7 @@ async fn process_round(args: &SwapArgs, path: &Path, case: &mut Case) -> anyhow:
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{}/v1/completions", args.port);
     let body = serde_json::json!({
-        "model": "swap",
+        "model": MODEL_ID,
         "prompt": "The tide comes in and goes out twice a day",
         "max_tokens": 1,
         "temperature": 0.0,
@@ -146,15 +148,21 @@ async fn process_round(args: &SwapArgs, path: &Path, case: &mut Case) -> anyhow:
         if let Some(status) = child.try_wait()? {
             anyhow::bail!("tidal runtime exited with {status}");
         }
-        let answered = client
+        // Refused connections and 503s (still loading) are retried; any other answer ends it.
+        if let Ok(r) = client
             .post(&url)
             .json(&body)
             .timeout(Duration::from_secs(30))
             .send()
             .await
-            .is_ok_and(|r| r.status().is_success());
-        if answered {
-            break;
+        {
+            if r.status().is_success() {
+                break;
+            }
+            if r.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+                let status = r.status();
+                anyhow::bail!("tidal runtime answered {status}: {}", r.text().await?);
+            }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

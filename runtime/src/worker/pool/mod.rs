@@ -234,6 +234,8 @@ impl PoolWorker {
         broker: Arc<dyn Broker>,
     ) -> Result<Self, PoolError> {
         config.validate()?;
+        // Models come and go: their large buffers must not stay behind in the heap.
+        host_cache::keep_large_allocations_mapped(1 << 20);
         let config = Arc::new(config);
         let (tx, rx) = mpsc::unbounded_channel();
         let view = Arc::new(Mutex::new(state::View::default()));

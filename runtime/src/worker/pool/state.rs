@@ -57,7 +57,7 @@ impl Held {
 
 /// Something that finished off the loop.
 enum Event {
-    Loaded(String, Result<Loaded, PoolError>),
+    Loaded(String, Box<Result<Loaded, PoolError>>),
     Stopped(String, WorkerSummary),
 }
 
@@ -314,7 +314,7 @@ impl Pool {
                     reason: e.to_string(),
                 })
             });
-            let _ = events.send(Event::Loaded(id, loaded));
+            let _ = events.send(Event::Loaded(id, Box::new(loaded)));
         });
         self.held.insert(
             model.to_owned(),
@@ -365,7 +365,7 @@ impl Pool {
 
     fn event(&mut self, event: Event) {
         match event {
-            Event::Loaded(model, result) => self.loaded(model, result),
+            Event::Loaded(model, result) => self.loaded(model, *result),
             Event::Stopped(model, summary) => {
                 // Serving too: a worker that ended by itself is gone all the same.
                 let slot = match self.held.remove(&model) {

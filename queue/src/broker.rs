@@ -31,6 +31,7 @@
 //! [`QueueError::NotOwner`]: crate::QueueError::NotOwner
 //! [`QueueError::ResponseFinished`]: crate::QueueError::ResponseFinished
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,6 +39,7 @@ use uuid::Uuid;
 
 use crate::error::{QueueError, Result};
 use crate::keys::DEFAULT_PREFIX;
+use crate::pool::PoolHeartbeat;
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
     Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
@@ -278,6 +280,38 @@ pub trait Broker: Send + Sync + std::fmt::Debug {
         now_ms: u64,
         max_age: Duration,
     ) -> Result<Vec<String>>;
+
+    // --- pools ---
+
+    /// Writes a pool worker's heartbeat into its pool's hash (the per-model heartbeats of
+    /// the models it has loaded are written apart, with [`Broker::heartbeat`]).
+    async fn pool_heartbeat(&self, beat: &PoolHeartbeat) -> Result<()>;
+
+    /// Heartbeats of `pool`'s workers, by worker name.
+    async fn pool_workers(&self, pool: &str) -> Result<Vec<PoolHeartbeat>>;
+
+    /// Removes the heartbeats of `pool`'s workers last seen before `now_ms - max_age`
+    /// ([`crate::pool::is_pool_stale`]), and their assignments with them, so that neither
+    /// grows with every worker the pool ever had; returns the removed workers. A beat
+    /// written between the read and the removal is kept (compare-and-delete).
+    async fn expire_pool_workers(
+        &self,
+        pool: &str,
+        now_ms: u64,
+        max_age: Duration,
+    ) -> Result<Vec<String>>;
+
+    /// Sets the models `worker` of `pool` should hold, replacing its previous assignment
+    /// (an empty list: hold nothing). [`QueueError::Invalid`] for an empty or blank model
+    /// id or one given twice.
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()>;
+
+    /// The models `worker` of `pool` should hold; `None` when no assignment was written
+    /// (or it was removed with the worker's stale heartbeat): the worker keeps what it holds.
+    async fn pool_assignment(&self, pool: &str, worker: &str) -> Result<Option<Vec<String>>>;
+
+    /// Every assignment of `pool`: worker → models.
+    async fn pool_assignments(&self, pool: &str) -> Result<BTreeMap<String, Vec<String>>>;
 
     // --- models ---
 

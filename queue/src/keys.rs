@@ -101,6 +101,18 @@ impl Keys {
     pub fn workers(&self, model: &str) -> String {
         format!("{}workers:{model}", self.prefix)
     }
+
+    /// Hash of one pool's workers: worker → [`crate::PoolHeartbeat`] JSON (memory, models
+    /// loaded, loading and in the node cache).
+    pub fn pool_workers(&self, pool: &str) -> String {
+        format!("{}pool:{pool}:workers", self.prefix)
+    }
+
+    /// Hash of one pool's assignments: worker → JSON array of the model ids it should hold,
+    /// written by the controller (or the local fleet) and read by the worker every beat.
+    pub fn pool_assign(&self, pool: &str) -> String {
+        format!("{}pool:{pool}:assign", self.prefix)
+    }
 }
 
 impl Default for Keys {
@@ -131,6 +143,8 @@ mod tests {
         assert_ne!(k.idempotency("a", "b:c"), k.idempotency("a:b", "c"));
         assert_eq!(k.workers("m"), "tidal:workers:m");
         assert_eq!(k.decoding("m"), "tidal:decoding:m");
+        assert_eq!(k.pool_workers("gpu"), "tidal:pool:gpu:workers");
+        assert_eq!(k.pool_assign("gpu"), "tidal:pool:gpu:assign");
         assert_eq!(Keys::new("x:").usage(), "x:usage");
     }
 }

@@ -9,6 +9,8 @@
 //! Keys beyond design.md's list (see [`Keys`]): `{prefix}resume:{model}`, the stream of
 //! re-enqueued jobs that claims serve first, `{prefix}state:{id}`, a request's start gate, and
 //! `{prefix}req:{id}`, the gateway's [`RequestRecord`] of who owns the request (for reattaching).
+//! Model pools (workers holding several models, [`pool`]) add `{prefix}pool:{pool}:workers`
+//! and `{prefix}pool:{pool}:assign`.
 //! Response events carry their seq in every variant, `done` and `error` included.
 
 pub mod bench;
@@ -19,6 +21,7 @@ mod fail;
 pub mod keys;
 mod memory;
 pub mod metrics;
+pub mod pool;
 mod redis_broker;
 pub mod testing;
 mod types;
@@ -29,5 +32,6 @@ pub use error::{QueueError, Result};
 pub use fail::{fail_job, JobFailure};
 pub use keys::Keys;
 pub use memory::MemoryBroker;
+pub use pool::{CachedModel, FailedLoad, PoolHeartbeat, PoolLoadedModel};
 pub use redis_broker::RedisBroker;
 pub use types::*;

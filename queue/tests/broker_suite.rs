@@ -42,6 +42,8 @@ suite!(
     usage_events_at_least_once,
     depth_figures,
     heartbeats,
+    pool_heartbeats,
+    pool_assignments,
     model_records,
     purge_model,
     takeover_continues_the_stream,

@@ -100,6 +100,11 @@ pub enum BenchCommand {
     /// Tokens/s without and with speculative decoding, side by side, on a grounded and an
     /// open-ended chat workload, with the acceptance rate.
     Speculative(super::bench_speculative::SpeculativeArgs),
+    /// A pool worker's model swap: load command to the first token of a waiting request,
+    /// with the file in the page cache and with its pages dropped (on local disk), against a
+    /// new `tidal runtime --model` process answering its first completion. Medians of
+    /// `--rounds`, as JSON.
+    Swap(super::bench_swap::SwapArgs),
     /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
     /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
     /// memory budget holds per dtype.
@@ -226,7 +231,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             let ceiling = bandwidth * 1e3 / weights_mb.max(1e-9);
             print(&serde_json::json!({
                 "bench": "decode",
-                "model": engine.model.display().to_string(),
+                "model": engine.model_path()?.display().to_string(),
                 "quantize": engine.quantize.map(|q| format!("{q:?}")),
                 "load_seconds": loaded.load_seconds,
                 "report": report,
@@ -304,6 +309,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Perplexity(args) => perplexity(args)?,
         BenchCommand::Profile(args) => super::bench_profile::run(args)?,
         BenchCommand::Speculative(args) => super::bench_speculative::run(args)?,
+        BenchCommand::Swap(args) => super::bench_swap::run(args)?,
         BenchCommand::ScaleUp {
             engine,
             requests,

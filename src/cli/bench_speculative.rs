@@ -46,8 +46,9 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
         },
         ..args.engine.engine_config()
     };
-    let off = load_model(&args.engine.model, off_config, args.engine.quantize)
-        .with_context(|| format!("loading {}", args.engine.model.display()))?;
+    let model_path = args.engine.model_path()?;
+    let off = load_model(model_path, off_config, args.engine.quantize)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let template = on
         .chat_template
         .as_ref()
@@ -94,7 +95,7 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
         }
     }
     if args.verify_cost {
-        let file = ModelFile::open(&args.engine.model)?;
+        let file = ModelFile::open(args.engine.model_path()?)?;
         let model = Model::load(&file, args.engine.quantize)?;
         let report = spec::verify_cost(&model, 256, &[1, 2, 3, 4, 6, 8], 15)?;
         println!(

@@ -1,6 +1,6 @@
 //! Flags that configure a model and its engine, shared by `runtime` and `bench`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,9 +14,10 @@ use tidal_runtime::speculative::{SpeculativeConfig, SpeculativeMethod};
 /// Model and engine flags.
 #[derive(Args, Debug, Clone)]
 pub struct EngineArgs {
-    /// GGUF model file.
+    /// GGUF model file (required, except by `tidal runtime --pool`, which loads models from
+    /// `--model-dir`).
     #[arg(long, env = "TIDAL_MODEL")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Re-quantise the weights at load: q4_0, q4_1, q8_0, f16 or f32; `stored` keeps every
     /// matrix as stored. Default: as stored, but Q5_1 matrices become Q8_0 (the CPU kernels run
     /// every other type as stored).
@@ -165,8 +166,16 @@ impl EngineArgs {
         }
     }
 
-    /// Maps the model, builds tokenizer and template, and starts the engine.
-    pub fn load(&self) -> anyhow::Result<Loaded> {
+    /// The `--model` file; an error naming the flag when it is missing.
+    pub fn model_path(&self) -> anyhow::Result<&Path> {
+        self.model
+            .as_deref()
+            .context("--model (or TIDAL_MODEL) is required: the GGUF model file")
+    }
+
+    /// Checks the speculative settings and selects the CPU kernel: what every load needs
+    /// first.
+    pub fn prepare(&self) -> anyhow::Result<()> {
         self.speculative_config().validate().map_err(anyhow::Error::msg).context(
             "speculative decoding settings (--speculative, --draft-model, --prompt-lookup-min, --prompt-lookup-max, --speculative-verify-cost, --draft-cost, --draft-kv-blocks)",
         )?;
@@ -177,9 +186,16 @@ impl EngineArgs {
             cpu_kernel = DotKernel::selected().name(),
             "CPU matmul kernel"
         );
-        load_model(&self.model, self.engine_config(), self.quantize)
+        Ok(())
+    }
+
+    /// Maps the model, builds tokenizer and template, and starts the engine.
+    pub fn load(&self) -> anyhow::Result<Loaded> {
+        let model = self.model_path()?;
+        self.prepare()?;
+        load_model(model, self.engine_config(), self.quantize)
             .inspect_err(|e| self.leave_termination_message(&e.to_string()))
-            .with_context(|| format!("loading {}", self.model.display()))
+            .with_context(|| format!("loading {}", model.display()))
     }
 
     /// Writes `message` to `--termination-log` if that file exists (in a Kubernetes

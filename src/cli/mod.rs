@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_profile;
 pub mod bench_speculative;
+pub mod bench_swap;
 pub mod billing;
 pub mod controller;
 pub mod crd;
@@ -33,7 +34,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve one GGUF model: OpenAI-compatible HTTP server with continuous batching.
-    Runtime(runtime::RuntimeArgs),
+    Runtime(Box<runtime::RuntimeArgs>),
     /// Benchmarks (decode speed, concurrency, prefix cache, memory bandwidth, ledger ingest).
     Bench(bench::BenchArgs),
     /// The metering consumer (usage stream → ledger) and the usage API.
@@ -63,7 +64,7 @@ pub enum Command {
 /// Runs the parsed command line's subcommand.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Runtime(args) => runtime::run(args),
+        Command::Runtime(args) => runtime::run(*args),
         Command::Bench(args) => bench::run(args),
         Command::Billing(args) => billing::run(args),
         Command::Report(args) => report::run(args),

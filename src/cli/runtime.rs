@@ -1,7 +1,9 @@
 //! `tidal runtime`: one model, either behind the direct OpenAI-compatible HTTP server or,
-//! with `--queue`, as a queue worker (with `/health` and `/metrics` on `--listen`).
+//! with `--queue`, as a queue worker (with `/health` and `/metrics` on `--listen`); or, with
+//! `--pool --queue --model-dir`, a pool worker holding the models its pool assigns it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,10 +16,11 @@ use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
 use tidal_runtime::memory::{self, gib, MemoryPlan};
 use tidal_runtime::model::ModelFile;
 use tidal_runtime::server::{router, ServerState};
+use tidal_runtime::worker::pool::{ModelDir, PoolConfig, PoolWorker};
 use tidal_runtime::worker::{probe, ClaimBudget, SharedPrefix, Worker, WorkerConfig};
 use tokio::sync::watch;
 
-use super::engine_args::{parse_duration, EngineArgs};
+use super::engine_args::{parse_bytes, parse_duration, EngineArgs};
 
 /// Flags of `tidal runtime`.
 #[derive(Args, Debug)]
@@ -37,6 +40,48 @@ pub struct RuntimeArgs {
     pub dry_run: bool,
     #[command(flatten)]
     pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub pool: PoolArgs,
+}
+
+/// Pool-mode flags: one worker holding the models its pool assigns it.
+#[derive(Args, Debug)]
+pub struct PoolArgs {
+    /// Serve as a worker of this model pool instead of one model: hold the models assigned
+    /// to this worker (`{prefix}pool:{pool}:assign`), loading them from --model-dir and
+    /// unloading them (a drain) without restarting, and report memory and models in
+    /// `{prefix}pool:{pool}:workers`. Needs --queue and --model-dir; takes no --model.
+    #[arg(
+        long,
+        env = "TIDAL_POOL",
+        requires_all = ["queue", "model_dir"],
+        conflicts_with_all = ["model", "model_id", "model_name", "dry_run"]
+    )]
+    pub pool: Option<String>,
+    /// Node-local directory of the models a pool worker may load: `{model}.gguf` files
+    /// (`ns/name.gguf` for `ns/name`), or a `models.json` manifest mapping model ids to
+    /// files and their SHA-256, checked before a file's first load.
+    #[arg(
+        long,
+        env = "TIDAL_POOL_MODEL_DIR",
+        value_name = "DIR",
+        requires = "pool"
+    )]
+    pub model_dir: Option<PathBuf>,
+    /// Memory a pool worker's model weights may take, e.g. 60GiB (each loaded model adds
+    /// its --kv-cache-memory on top); a load that does not fit is refused (default: the
+    /// device's free memory at start).
+    #[arg(long, value_parser = parse_bytes, requires = "pool")]
+    pub worker_memory: Option<usize>,
+    /// Bytes of unloaded models' files a pool worker keeps in the page cache; past it the
+    /// least recently unloaded are dropped from it (they stay on disk). Default: as the
+    /// kernel decides.
+    #[arg(long, value_parser = parse_bytes, requires = "pool")]
+    pub host_cache_bytes: Option<usize>,
+    /// The node a pool worker runs on, reported in its pool heartbeat (default: the host
+    /// name).
+    #[arg(long, env = "NODE_NAME", requires = "pool")]
+    pub node_name: Option<String>,
 }
 
 /// Capacity a worker runs on.
@@ -153,7 +198,8 @@ fn model_name(args: &RuntimeArgs) -> String {
     args.model_name.clone().unwrap_or_else(|| {
         args.engine
             .model
-            .file_stem()
+            .as_deref()
+            .and_then(|m| m.file_stem())
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "model".into())
     })
@@ -164,17 +210,21 @@ pub fn run(args: RuntimeArgs) -> anyhow::Result<()> {
     if args.dry_run {
         return dry_run(&args.engine);
     }
+    if args.pool.pool.is_none() {
+        args.engine.model_path()?;
+    }
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
-    match args.worker.queue.clone() {
-        Some(url) => runtime.block_on(run_worker(args, url)),
-        None => runtime.block_on(serve(args)),
+    match (args.worker.queue.clone(), args.pool.pool.clone()) {
+        (Some(url), Some(pool)) => runtime.block_on(run_pool(args, url, pool)),
+        (Some(url), None) => runtime.block_on(run_worker(args, url)),
+        (None, _) => runtime.block_on(serve(args)),
     }
 }
 
 /// `--dry-run`: prints the memory plan and what it is checked against; an error (exit 1)
 /// when it does not fit or the device cannot say how much memory it has.
 fn dry_run(engine: &EngineArgs) -> anyhow::Result<()> {
-    let path = &engine.model;
+    let path = engine.model_path()?;
     let file = ModelFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let config = engine.engine_config();
     let plan = MemoryPlan::for_file(&file, &config, engine.quantize)
@@ -217,14 +267,17 @@ async fn serve(args: RuntimeArgs) -> anyhow::Result<()> {
     server.await.context("server task")?.context("serving HTTP")
 }
 
-fn default_worker_name() -> String {
-    let host = std::env::var("HOSTNAME")
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "worker".into());
-    format!("{host}-{}", std::process::id())
+        .unwrap_or_else(|| "worker".into())
+}
+
+fn default_worker_name() -> String {
+    format!("{}-{}", host_name(), std::process::id())
 }
 
 /// Turns true on the first SIGTERM or SIGINT (or `/drain`, through the returned sender); a
@@ -262,37 +315,15 @@ async fn signalled(mut rx: watch::Receiver<bool>) {
 async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     let (switch, shutdown) = shutdown_signal()?;
     let probes = probe::ProbeState::new(Some(prometheus()?), switch);
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    tracing::info!(addr = %listener.local_addr()?, "health and metrics listening");
-    // Stopped gracefully after the worker is done, so a pending `/drain` gets its answer.
-    let (probes_done, probes_stop) = watch::channel(false);
-    let probe_server = tokio::spawn(
-        axum::serve(listener, probe::router(probes.clone()))
-            .with_graceful_shutdown(signalled(probes_stop))
-            .into_future(),
-    );
-
+    let (probes_done, probe_server) = start_probes(&args, probes.clone()).await?;
+    let config = worker_config(
+        &args,
+        args.worker
+            .model_id
+            .clone()
+            .unwrap_or_else(|| model_name(&args)),
+    )?;
     let w = &args.worker;
-    let mut config = WorkerConfig::new(
-        w.model_id.clone().unwrap_or_else(|| model_name(&args)),
-        w.worker_name.clone().unwrap_or_else(default_worker_name),
-    );
-    config.capacity_type = match w.capacity_type {
-        CapacityArg::Spot => CapacityType::Spot,
-        CapacityArg::OnDemand => CapacityType::OnDemand,
-    };
-    config.drain_timeout = w.drain_timeout;
-    config.claim_timeout = w.claim_timeout;
-    config.heartbeat_interval = w.heartbeat_interval;
-    config.missed_heartbeats = w.missed_heartbeats;
-    config.broker_retry = w.broker_retry;
-    config.max_jobs = w.max_jobs;
-    config.claim_budget = claim_budget(w.claim_prefill_budget, w.claim_prefill_budget_tokens);
-    config.shared_prefixes = shared_prefixes(w)?;
-    config.validate()?;
-
     let broker_config = BrokerConfig {
         prefix: w.queue_prefix.clone(),
         ..BrokerConfig::default()
@@ -313,14 +344,107 @@ async fn run_worker(args: RuntimeArgs, url: String) -> anyhow::Result<()> {
     probes.set_worker(worker.status());
     let summary = worker.run(signalled(shutdown)).await;
     tracing::info!(?summary, "worker exited");
-    let _ = probes_done.send(true);
-    if tokio::time::timeout(Duration::from_secs(5), probe_server)
+    stop_probes(probes_done, probe_server).await;
+    Ok(())
+}
+
+/// Stops the probe server once the worker is done (a pending `/drain` gets its answer).
+async fn stop_probes(
+    done: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let _ = done.send(true);
+    if tokio::time::timeout(Duration::from_secs(5), server)
         .await
         .is_err()
     {
         tracing::warn!("health server did not stop in 5 s");
     }
+}
+
+/// The probe server on `--listen` and the switch that stops it.
+async fn start_probes(
+    args: &RuntimeArgs,
+    probes: Arc<probe::ProbeState>,
+) -> anyhow::Result<(
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)> {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    tracing::info!(addr = %listener.local_addr()?, "health and metrics listening");
+    let (probes_done, probes_stop) = watch::channel(false);
+    let server = tokio::spawn(
+        axum::serve(listener, probe::router(probes))
+            .with_graceful_shutdown(signalled(probes_stop))
+            .into_future(),
+    );
+    Ok((probes_done, server))
+}
+
+/// Pool mode: probes, the broker, the model directory, then follow the assignment until
+/// signalled (draining every model).
+async fn run_pool(args: RuntimeArgs, url: String, pool: String) -> anyhow::Result<()> {
+    let (switch, shutdown) = shutdown_signal()?;
+    let probes = probe::ProbeState::new(Some(prometheus()?), switch);
+    let (probes_done, probe_server) = start_probes(&args, probes.clone()).await?;
+    let p = &args.pool;
+    let dir_path = p.model_dir.clone().context("--pool needs --model-dir")?;
+    let dir = ModelDir::open(&dir_path)?;
+    let worker = worker_config(&args, format!("pool:{pool}"))?;
+    args.engine.prepare()?;
+    let engine = args.engine.engine_config();
+    let memory = match p.worker_memory {
+        Some(b) => b as u64,
+        None => {
+            memory::available_for(&engine)
+                .context("the device's free memory is unknown: give --worker-memory")?
+                .bytes as u64
+        }
+    };
+    let mut config = PoolConfig::new(pool, worker.name.clone(), memory);
+    config.worker = worker;
+    config.engine = engine;
+    config.quantize = args.engine.quantize;
+    config.host_cache_bytes = p.host_cache_bytes.map(|b| b as u64);
+    config.node = p.node_name.clone().unwrap_or_else(host_name);
+    let broker_config = BrokerConfig {
+        prefix: args.worker.queue_prefix.clone(),
+        ..BrokerConfig::default()
+    };
+    let broker = RedisBroker::connect(&url, broker_config)
+        .await
+        .with_context(|| format!("connecting to the queue at {url}"))?;
+    let worker = PoolWorker::new(config, dir, Arc::new(broker))?;
+    probes.set_pool(worker.handle());
+    let summaries = worker.run(signalled(shutdown)).await;
+    tracing::info!(?summaries, "pool worker exited");
+    stop_probes(probes_done, probe_server).await;
     Ok(())
+}
+
+/// The queue worker settings from the flags, for `model_id`.
+fn worker_config(args: &RuntimeArgs, model_id: String) -> anyhow::Result<WorkerConfig> {
+    let w = &args.worker;
+    let mut config = WorkerConfig::new(
+        model_id,
+        w.worker_name.clone().unwrap_or_else(default_worker_name),
+    );
+    config.capacity_type = match w.capacity_type {
+        CapacityArg::Spot => CapacityType::Spot,
+        CapacityArg::OnDemand => CapacityType::OnDemand,
+    };
+    config.drain_timeout = w.drain_timeout;
+    config.claim_timeout = w.claim_timeout;
+    config.heartbeat_interval = w.heartbeat_interval;
+    config.missed_heartbeats = w.missed_heartbeats;
+    config.broker_retry = w.broker_retry;
+    config.max_jobs = w.max_jobs;
+    config.claim_budget = claim_budget(w.claim_prefill_budget, w.claim_prefill_budget_tokens);
+    config.shared_prefixes = shared_prefixes(w)?;
+    config.validate()?;
+    Ok(config)
 }
 
 #[cfg(test)]
@@ -377,6 +501,61 @@ mod tests {
             let flag = bad.split('=').next().unwrap_or_default();
             assert!(e.contains(flag) && e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn pool_flags() {
+        #[derive(Parser, Debug)]
+        struct RuntimeCli {
+            #[command(flatten)]
+            runtime: RuntimeArgs,
+        }
+        let parse = |args: &[&str]| RuntimeCli::try_parse_from([&["tidal"], args].concat());
+        let q = ["--queue", "redis://127.0.0.1:6379"];
+        let cli = parse(
+            &[
+                &q[..],
+                &[
+                    "--pool",
+                    "gpu",
+                    "--model-dir",
+                    "/models",
+                    "--worker-memory",
+                    "2GiB",
+                ],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let p = cli.runtime.pool;
+        assert_eq!(p.pool.as_deref(), Some("gpu"));
+        assert_eq!(p.worker_memory, Some(2 << 30));
+        assert!(cli.runtime.engine.model.is_none());
+        for (bad, why) in [
+            (vec!["--pool", "gpu", "--model-dir", "/m"], "--queue"),
+            (vec!["--pool", "gpu", "--queue", "redis://x"], "--model-dir"),
+            (
+                vec![
+                    "--pool",
+                    "gpu",
+                    "--queue",
+                    "redis://x",
+                    "--model-dir",
+                    "/m",
+                    "--model",
+                    "m.gguf",
+                ],
+                "cannot be used with",
+            ),
+            (vec!["--model", "m.gguf", "--model-dir", "/m"], "--pool"),
+        ] {
+            let e = parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        // Without --pool the model file stays required, with an error that names it.
+        let cli = parse(&[]).unwrap();
+        let e = cli.runtime.engine.model_path().unwrap_err().to_string();
+        assert!(e.contains("--model"), "{e}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::broker::{duplicate_request, is_stale, Broker, BrokerConfig};
 use crate::clock::{Clock, SystemClock};
 use crate::error::{QueueError, Result};
 use crate::metrics::{self as m, count};
+use crate::pool::{check_assignment, check_name, is_pool_stale, PoolHeartbeat};
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
     Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
@@ -54,6 +55,10 @@ struct State {
     usage: GroupStream<UsageEvent>,
     workers: HashMap<String, BTreeMap<String, WorkerHeartbeat>>,
     models: BTreeMap<String, ModelRecord>,
+    /// Pool heartbeats by pool, then worker.
+    pool_workers: HashMap<String, BTreeMap<String, PoolHeartbeat>>,
+    /// Pool assignments by pool, then worker.
+    pool_assign: HashMap<String, BTreeMap<String, Vec<String>>>,
     enqueues: u64,
     /// Prompt tokens enqueued per model (estimated).
     prompt_tokens: HashMap<String, u64>,
@@ -752,6 +757,82 @@ impl Broker for MemoryBroker {
             w.remove(name);
         }
         Ok(stale)
+    }
+
+    async fn pool_heartbeat(&self, beat: &PoolHeartbeat) -> Result<()> {
+        check_name("pool", &beat.pool)?;
+        check_name("worker", &beat.worker)?;
+        self.lock()
+            .pool_workers
+            .entry(beat.pool.clone())
+            .or_default()
+            .insert(beat.worker.clone(), beat.clone());
+        Ok(())
+    }
+
+    async fn pool_workers(&self, pool: &str) -> Result<Vec<PoolHeartbeat>> {
+        Ok(self
+            .lock()
+            .pool_workers
+            .get(pool)
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn expire_pool_workers(
+        &self,
+        pool: &str,
+        now_ms: u64,
+        max_age: Duration,
+    ) -> Result<Vec<String>> {
+        let mut st = self.lock();
+        let Some(w) = st.pool_workers.get_mut(pool) else {
+            return Ok(Vec::new());
+        };
+        let stale: Vec<String> = w
+            .values()
+            .filter(|b| is_pool_stale(b, now_ms, max_age))
+            .map(|b| b.worker.clone())
+            .collect();
+        for name in &stale {
+            w.remove(name);
+        }
+        if let Some(a) = st.pool_assign.get_mut(pool) {
+            for name in &stale {
+                a.remove(name);
+            }
+        }
+        Ok(stale)
+    }
+
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()> {
+        check_name("pool", pool)?;
+        check_name("worker", worker)?;
+        check_assignment(models)?;
+        self.lock()
+            .pool_assign
+            .entry(pool.to_owned())
+            .or_default()
+            .insert(worker.to_owned(), models.to_vec());
+        Ok(())
+    }
+
+    async fn pool_assignment(&self, pool: &str, worker: &str) -> Result<Option<Vec<String>>> {
+        Ok(self
+            .lock()
+            .pool_assign
+            .get(pool)
+            .and_then(|a| a.get(worker))
+            .cloned())
+    }
+
+    async fn pool_assignments(&self, pool: &str) -> Result<BTreeMap<String, Vec<String>>> {
+        Ok(self
+            .lock()
+            .pool_assign
+            .get(pool)
+            .cloned()
+            .unwrap_or_default())
     }
 
     async fn put_model(&self, record: &ModelRecord) -> Result<()> {

@@ -19,6 +19,7 @@ use crate::broker::{duplicate_request, is_stale, Broker, BrokerConfig};
 use crate::error::{QueueError, Result};
 use crate::keys::{Keys, BILLING_GROUP, WORKERS_GROUP};
 use crate::metrics::{self as m, count};
+use crate::pool::{check_assignment, check_name, is_pool_stale, PoolHeartbeat};
 use crate::types::{
     ClaimedJob, EntryId, Job, ModelRecord, QueueDepth, RequestRecord, ResponseEvent, Resume,
     Submitted, UsageDelivery, UsageEvent, Withdrawal, WorkerHeartbeat,
@@ -967,6 +968,84 @@ impl Broker for RedisBroker {
             self.query::<i64>(&cmd).await?;
         }
         Ok(stale)
+    }
+
+    async fn pool_heartbeat(&self, beat: &PoolHeartbeat) -> Result<()> {
+        check_name("pool", &beat.pool)?;
+        check_name("worker", &beat.worker)?;
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.keys.pool_workers(&beat.pool))
+            .arg(&beat.worker)
+            .arg(serde_json::to_string(beat)?);
+        self.query::<i64>(&cmd).await?;
+        Ok(())
+    }
+
+    async fn pool_workers(&self, pool: &str) -> Result<Vec<PoolHeartbeat>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.keys.pool_workers(pool));
+        let all: std::collections::BTreeMap<String, String> = self.query(&cmd).await?;
+        all.values().map(|v| Ok(serde_json::from_str(v)?)).collect()
+    }
+
+    async fn expire_pool_workers(
+        &self,
+        pool: &str,
+        now_ms: u64,
+        max_age: Duration,
+    ) -> Result<Vec<String>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.keys.pool_workers(pool));
+        let all: std::collections::BTreeMap<String, String> = self.query(&cmd).await?;
+        let mut inv = self.scripts.expire_pool.key(self.keys.pool_workers(pool));
+        inv.key(self.keys.pool_assign(pool));
+        let mut any = false;
+        for (worker, json) in &all {
+            let beat: PoolHeartbeat = serde_json::from_str(json)?;
+            if is_pool_stale(&beat, now_ms, max_age) {
+                inv.arg(worker).arg(json);
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(Vec::new());
+        }
+        let mut c = self.conn.clone();
+        Ok(inv.invoke_async(&mut c).await?)
+    }
+
+    async fn set_pool_assignment(&self, pool: &str, worker: &str, models: &[String]) -> Result<()> {
+        check_name("pool", pool)?;
+        check_name("worker", worker)?;
+        check_assignment(models)?;
+        let mut cmd = redis::cmd("HSET");
+        cmd.arg(self.keys.pool_assign(pool))
+            .arg(worker)
+            .arg(serde_json::to_string(models)?);
+        self.query::<i64>(&cmd).await?;
+        Ok(())
+    }
+
+    async fn pool_assignment(&self, pool: &str, worker: &str) -> Result<Option<Vec<String>>> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(self.keys.pool_assign(pool)).arg(worker);
+        let v: Option<String> = self.query(&cmd).await?;
+        Ok(match v {
+            Some(s) => Some(serde_json::from_str(&s)?),
+            None => None,
+        })
+    }
+
+    async fn pool_assignments(
+        &self,
+        pool: &str,
+    ) -> Result<std::collections::BTreeMap<String, Vec<String>>> {
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(self.keys.pool_assign(pool));
+        let all: std::collections::BTreeMap<String, String> = self.query(&cmd).await?;
+        all.into_iter()
+            .map(|(w, v)| Ok((w, serde_json::from_str(&v)?)))
+            .collect()
     }
 
     async fn put_model(&self, record: &ModelRecord) -> Result<()> {

@@ -256,6 +256,22 @@ redis.call('DEL', KEYS[2])
 return 1
 "#;
 
+/// Expire stale pool workers. KEYS: the pool's workers hash, its assignments hash. ARGV:
+/// pairs of (worker, the heartbeat JSON read as stale). Removes each worker's heartbeat and
+/// assignment only if its heartbeat is still the one read (a worker that beat since stays).
+/// Returns the removed workers.
+const EXPIRE_POOL: &str = r#"
+local gone = {}
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    redis.call('HDEL', KEYS[2], ARGV[i])
+    gone[#gone + 1] = ARGV[i]
+  end
+end
+return gone
+"#;
+
 /// The loaded scripts (EVALSHA, reloaded transparently after a server restart).
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -273,6 +289,7 @@ pub(crate) struct Scripts {
     pub append_held: Script,
     pub depth: Script,
     pub cancel: Script,
+    pub expire_pool: Script,
 }
 
 impl Scripts {
@@ -292,6 +309,7 @@ impl Scripts {
             append_held: Script::new(&format!("{HELD}{APPEND}")),
             depth: Script::new(DEPTH),
             cancel: Script::new(CANCEL),
+            expire_pool: Script::new(EXPIRE_POOL),
         }
     }
 }

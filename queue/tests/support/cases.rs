@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidal_queue::{
-    Broker, CapacityType, ClaimedJob, FinishReason, Idempotency, Job, ModelRecord, ModelState,
-    Prices, QueueError, RequestRecord, ResponseEvent, Resume, Submitted, Usage, UsageEvent,
-    Withdrawal, WorkerHeartbeat,
+    Broker, CachedModel, CapacityType, ClaimedJob, FailedLoad, FinishReason, Idempotency, Job,
+    ModelRecord, ModelState, PoolHeartbeat, PoolLoadedModel, Prices, QueueError, RequestRecord,
+    ResponseEvent, Resume, Submitted, Usage, UsageEvent, Withdrawal, WorkerHeartbeat,
 };
 use uuid::Uuid;
 
@@ -585,6 +585,154 @@ pub async fn heartbeats(h: &dyn Harness) {
     assert_eq!(gone, vec!["w2".to_owned()]);
     assert_eq!(b.workers(&m).await.unwrap(), vec![beat(&m, "w1", 3, now)]);
     assert!(b.workers(&model()).await.unwrap().is_empty());
+}
+
+fn pool_beat(pool: &str, worker: &str, models: &[&str], last_seen_ms: u64) -> PoolHeartbeat {
+    PoolHeartbeat {
+        worker: worker.into(),
+        pool: pool.into(),
+        node: "node-1".into(),
+        capacity_type: CapacityType::Spot,
+        memory_total_bytes: 1 << 30,
+        memory_free_bytes: (1 << 30) - (models.len() as u64) * (100 << 20),
+        loaded: models
+            .iter()
+            .map(|m| PoolLoadedModel {
+                model: (*m).into(),
+                bytes: 100 << 20,
+                running: 1,
+                waiting: 0,
+                last_used_ms: last_seen_ms,
+            })
+            .collect(),
+        loading: vec!["ns/loading".into()],
+        unloading: vec![],
+        cached: vec![CachedModel {
+            model: "ns/cached".into(),
+            bytes: 100 << 20,
+            sha256: Some("ab".repeat(32)),
+            warm: false,
+        }],
+        failed: vec![FailedLoad {
+            model: "ns/broken".into(),
+            error: "sha256 differs".into(),
+        }],
+        draining: false,
+        last_seen_ms,
+    }
+}
+
+/// Pool heartbeats: written, replaced, listed by worker, kept apart per pool, and expired
+/// with their assignments.
+pub async fn pool_heartbeats(h: &dyn Harness) {
+    let b = h.broker();
+    let pool = format!("p-{}", Uuid::now_v7());
+    let other = format!("p-{}", Uuid::now_v7());
+    let now = h.now_ms();
+    assert!(b.pool_workers(&pool).await.unwrap().is_empty());
+    b.pool_heartbeat(&pool_beat(&pool, "w2", &["ns/a"], now - 10_000))
+        .await
+        .unwrap();
+    b.pool_heartbeat(&pool_beat(&pool, "w1", &["ns/a"], now))
+        .await
+        .unwrap();
+    b.pool_heartbeat(&pool_beat(&pool, "w1", &["ns/a", "ns/b"], now))
+        .await
+        .unwrap();
+    b.pool_heartbeat(&pool_beat(&other, "w9", &[], now - 10_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.pool_workers(&pool).await.unwrap(),
+        vec![
+            pool_beat(&pool, "w1", &["ns/a", "ns/b"], now),
+            pool_beat(&pool, "w2", &["ns/a"], now - 10_000)
+        ]
+    );
+    b.set_pool_assignment(&pool, "w2", &["ns/a".into()])
+        .await
+        .unwrap();
+    b.set_pool_assignment(&pool, "w1", &["ns/b".into()])
+        .await
+        .unwrap();
+    let gone = b
+        .expire_pool_workers(&pool, now, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(gone, vec!["w2".to_owned()]);
+    assert_eq!(
+        b.pool_workers(&pool).await.unwrap(),
+        vec![pool_beat(&pool, "w1", &["ns/a", "ns/b"], now)]
+    );
+    // the stale worker's assignment went with it; the live one's stays
+    assert_eq!(b.pool_assignment(&pool, "w2").await.unwrap(), None);
+    assert_eq!(
+        b.pool_assignment(&pool, "w1").await.unwrap(),
+        Some(vec!["ns/b".to_owned()])
+    );
+    // nothing stale: nothing removed; other pools untouched
+    assert!(b
+        .expire_pool_workers(&pool, now, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(b.pool_workers(&other).await.unwrap().len(), 1);
+    // a beat that names no pool is refused
+    let mut bad = pool_beat(&pool, "w3", &[], now);
+    bad.pool = String::new();
+    assert!(matches!(
+        b.pool_heartbeat(&bad).await,
+        Err(QueueError::Invalid(_))
+    ));
+}
+
+/// Pool assignments: absent until written, replaced whole, listed per pool, checked.
+pub async fn pool_assignments(h: &dyn Harness) {
+    let b = h.broker();
+    let pool = format!("p-{}", Uuid::now_v7());
+    assert_eq!(b.pool_assignment(&pool, "w1").await.unwrap(), None);
+    assert!(b.pool_assignments(&pool).await.unwrap().is_empty());
+    let ab = vec!["ns/a".to_owned(), "ns/b".to_owned()];
+    b.set_pool_assignment(&pool, "w1", &ab).await.unwrap();
+    assert_eq!(b.pool_assignment(&pool, "w1").await.unwrap(), Some(ab));
+    b.set_pool_assignment(&pool, "w1", &["ns/b".into()])
+        .await
+        .unwrap();
+    b.set_pool_assignment(&pool, "w2", &[]).await.unwrap();
+    // an empty assignment is kept: it says "hold nothing", unlike none at all
+    assert_eq!(b.pool_assignment(&pool, "w2").await.unwrap(), Some(vec![]));
+    let all = b.pool_assignments(&pool).await.unwrap();
+    assert_eq!(
+        all.into_iter().collect::<Vec<_>>(),
+        vec![
+            ("w1".to_owned(), vec!["ns/b".to_owned()]),
+            ("w2".to_owned(), vec![])
+        ]
+    );
+    for bad in [
+        vec!["ns/a".to_owned(), "ns/a".to_owned()],
+        vec![String::new()],
+        vec!["a b".to_owned()],
+    ] {
+        assert!(
+            matches!(
+                b.set_pool_assignment(&pool, "w1", &bad).await,
+                Err(QueueError::Invalid(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        b.set_pool_assignment("", "w1", &[]).await,
+        Err(QueueError::Invalid(_))
+    ));
+    // refused writes changed nothing
+    assert_eq!(
+        b.pool_assignment(&pool, "w1").await.unwrap(),
+        Some(vec!["ns/b".to_owned()])
+    );
+    let other = format!("p-{}", Uuid::now_v7());
+    assert!(b.pool_assignments(&other).await.unwrap().is_empty());
 }
 
 fn record(id: &str, state: ModelState) -> ModelRecord {

@@ -43,6 +43,7 @@ mod contact;
 mod io;
 mod job;
 mod metrics;
+pub mod pool;
 pub mod probe;
 mod registry;
 pub mod segment;

@@ -21,7 +21,9 @@ use tidal_runtime::model::{
 };
 use tidal_runtime::sampling::SamplingParams;
 use tidal_runtime::scheduler::SchedulerStats;
-use tidal_runtime::speculative::{DraftError, SpeculativeConfig, SpeculativeMethod};
+use tidal_runtime::speculative::{
+    DraftError, SpeculativeConfig, SpeculativeMethod, ASSUMED_VERIFY_COST,
+};
 use tidal_tokenizer::Tokenizer;
 
 fn config(method: SpeculativeMethod) -> EngineConfig {
@@ -239,6 +241,11 @@ fn the_engine_measures_what_a_longer_step_costs() {
     };
     let measured = started(config(SpeculativeMethod::Ngram)).verify_cost;
     assert!(measured.is_finite() && measured >= 0.0, "{measured}");
+    // A fallback to the assumed price would show as exactly that price.
+    assert!(
+        (measured - ASSUMED_VERIFY_COST).abs() > 1e-9,
+        "the curve was not measured: {measured}"
+    );
     let given = EngineConfig {
         speculative: SpeculativeConfig {
             verify_cost: Some(0.25),

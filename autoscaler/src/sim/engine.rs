@@ -123,6 +123,24 @@ pub struct PolicyRun {
 }
 
 impl PolicyRun {
+    /// A run named `name` over `n` requests before anything happened.
+    pub fn empty(name: impl Into<String>, n: usize) -> Self {
+        Self {
+            name: name.into(),
+            spot_ms: 0,
+            on_demand_ms: 0,
+            cold_starts: 0,
+            interruptions: 0,
+            recomputed_tokens: 0,
+            queue_wait_ms: vec![None; n],
+            ttft_ms: vec![None; n],
+            evicted_after_first_token: vec![false; n],
+            completions: vec![0; n],
+            series: Vec::new(),
+            end_ms: 0,
+        }
+    }
+
     fn bill(&mut self, capacity: Capacity, ms: u64) {
         match capacity {
             Capacity::Spot => self.spot_ms += ms,
@@ -445,20 +463,7 @@ fn replay(
         enqueued_prompt_tokens: 0,
         last_want: Desired::default(),
         last_reason: None,
-        run: PolicyRun {
-            name: scaler.name().to_string(),
-            spot_ms: 0,
-            on_demand_ms: 0,
-            cold_starts: 0,
-            interruptions: 0,
-            recomputed_tokens: 0,
-            queue_wait_ms: vec![None; n],
-            ttft_ms: vec![None; n],
-            evicted_after_first_token: vec![false; n],
-            completions: vec![0; n],
-            series: Vec::new(),
-            end_ms: 0,
-        },
+        run: PolicyRun::empty(scaler.name(), n),
         completed: 0,
         measure_from_ms,
     };

@@ -190,18 +190,13 @@ impl Merged {
             .collect();
         let n = self.origin.len();
         let mut out = PolicyRun {
-            name: name.into(),
             spot_ms: runs.iter().map(|r| r.spot_ms).sum(),
             on_demand_ms: runs.iter().map(|r| r.on_demand_ms).sum(),
             cold_starts: runs.iter().map(|r| r.cold_starts).sum(),
             interruptions: runs.iter().map(|r| r.interruptions).sum(),
             recomputed_tokens: runs.iter().map(|r| r.recomputed_tokens).sum(),
-            queue_wait_ms: vec![None; n],
-            ttft_ms: vec![None; n],
-            evicted_after_first_token: vec![false; n],
-            completions: vec![0; n],
-            series: Vec::new(),
             end_ms: runs.iter().map(|r| r.end_ms).max().unwrap_or(0),
+            ..PolicyRun::empty(name, n)
         };
         for (k, (m, i)) in self.origin.iter().enumerate() {
             let r = &runs[*m];

@@ -111,20 +111,7 @@ fn replay(
     let n = reqs.len();
     let models = pool.names.len();
     let p = &fleet.profile;
-    let mut run = PolicyRun {
-        name: "pool".into(),
-        spot_ms: 0,
-        on_demand_ms: 0,
-        cold_starts: 0,
-        interruptions: 0,
-        recomputed_tokens: 0,
-        queue_wait_ms: vec![None; n],
-        ttft_ms: vec![None; n],
-        evicted_after_first_token: vec![false; n],
-        completions: vec![0; n],
-        series: Vec::new(),
-        end_ms: 0,
-    };
+    let mut run = PolicyRun::empty("pool", n);
     let mut stats = PoolStats::default();
     let mut state = PoolState::new(&pool.spec);
     let mut queues: Vec<VecDeque<Job>> = vec![VecDeque::new(); models];

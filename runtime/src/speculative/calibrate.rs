@@ -28,11 +28,30 @@ pub(crate) fn measure_step_cost(
     block_size: usize,
     max: usize,
 ) -> Option<StepCost> {
-    let mut s = Stepper::new(executor, num_blocks, block_size, VERIFY_CONTEXT, max + 1)?;
-    let mut times = vec![Vec::with_capacity(ROUNDS); max + 1];
-    for _ in 0..ROUNDS {
-        for (k, t) in times.iter_mut().enumerate() {
-            t.push(s.run(VERIFY_CONTEXT, 1 + k, 1 + k)?);
+    let ks: Vec<usize> = (1..=max).collect();
+    let cache = (num_blocks, block_size);
+    let (_, points) = relative_step_times(executor, cache, VERIFY_CONTEXT, &ks, ROUNDS)?;
+    StepCost::from_measured(&points, max)
+}
+
+/// Seconds of a one-token step after `context` tokens, and for each k in `ks` the time of a
+/// step of 1 + k tokens (every position with its logits) relative to it: `rounds` rounds
+/// that each time every size once, median per size. `cache` is the executor's (blocks,
+/// block size); `None` when it is too small or a pass fails.
+pub(crate) fn relative_step_times(
+    executor: &mut Executor,
+    (num_blocks, block_size): (usize, usize),
+    context: usize,
+    ks: &[usize],
+    rounds: usize,
+) -> Option<(f64, Vec<(usize, f64)>)> {
+    let max = ks.iter().copied().max().unwrap_or(0);
+    let mut s = Stepper::new(executor, num_blocks, block_size, context, max + 1)?;
+    let sizes: Vec<usize> = std::iter::once(0).chain(ks.iter().copied()).collect();
+    let mut times = vec![Vec::with_capacity(rounds); sizes.len()];
+    for _ in 0..rounds.max(1) {
+        for (&k, t) in sizes.iter().zip(&mut times) {
+            t.push(s.run(context, 1 + k, 1 + k)?);
         }
     }
     let medians: Vec<f64> = times.into_iter().map(median).collect();
@@ -40,12 +59,12 @@ pub(crate) fn measure_step_cost(
     if one <= 0.0 {
         return None;
     }
-    let points: Vec<(usize, f64)> = medians
+    let relative = ks
         .iter()
-        .enumerate()
-        .map(|(k, t)| (k, t / one))
+        .zip(&medians[1..])
+        .map(|(&k, t)| (k, t / one))
         .collect();
-    StepCost::from_measured(&points, max)
+    Some((one, relative))
 }
 
 /// Median one-token step of `draft` over that of `target`, both at a short context, timed

@@ -40,7 +40,7 @@ mod step_cost;
 pub mod verify;
 
 pub use adaptive::{best_num_tokens, Acceptance};
-pub(crate) use calibrate::measure_step_cost;
+pub(crate) use calibrate::{measure_step_cost, relative_step_times};
 pub use config::{SpeculativeConfig, SpeculativeMethod, ASSUMED_VERIFY_COST};
 pub use draft_load::{check_vocabulary, DraftError};
 pub use ngram::NgramProposer;

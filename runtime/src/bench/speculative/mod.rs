@@ -182,55 +182,28 @@ pub struct VerifyCostReport {
     pub verify_cost: f64,
 }
 
-/// Measures [`VerifyCostReport`] on `model` directly (no scheduler, no sampling).
+/// Measures [`VerifyCostReport`] on `model` directly (no scheduler, no sampling), as the
+/// engine does when it starts but at a chosen context and with more rounds: `repeats`
+/// rounds that time every size once, medians. `None` when a timed pass fails.
 pub fn verify_cost(
-    model: &crate::model::Model,
+    model: crate::model::Model,
     context: usize,
     ks: &[usize],
     repeats: usize,
-) -> Result<VerifyCostReport, crate::model::ModelError> {
-    use crate::model::{ForwardBatch, ForwardSeq, KvStorage};
-    let vocab = model.config().vocab_size as u32;
-    let max_k = ks.iter().copied().max().unwrap_or(0);
+) -> Option<VerifyCostReport> {
     let block_size = 16;
+    let max_k = ks.iter().copied().max().unwrap_or(0);
     let blocks = (context + max_k + 1).div_ceil(block_size);
-    let mut kv = KvStorage::new(model.config(), Default::default(), blocks, block_size);
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let tokens: Vec<u32> = (0..(context + max_k + 1) as u32)
-        .map(|i| (i * 31 + 7) % vocab)
-        .collect();
-    // Every position of a timed step gets its logits, as a verification's do.
-    let mut forward = |from: usize, n: usize, logits: usize| {
-        let batch = ForwardBatch {
-            seqs: vec![ForwardSeq {
-                tokens: &tokens[from..from + n],
-                start_pos: from,
-                block_table: &table,
-                num_logits: logits,
-            }],
-        };
-        let started = Instant::now();
-        model.forward(&batch, &mut kv)?;
-        Ok::<_, crate::model::ModelError>(started.elapsed())
-    };
-    forward(0, context, 1)?;
-    let mut time = |n: usize| -> Result<f64, crate::model::ModelError> {
-        let mut t = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) {
-            t.push(forward(context, n, n)?.as_secs_f64());
-        }
-        Ok(median(t))
-    };
-    let one = time(1)?;
-    let mut relative = Vec::new();
-    for &k in ks {
-        relative.push((k, time(1 + k)? / one));
-    }
+    let kv = crate::model::KvStorage::new(model.config(), Default::default(), blocks, block_size);
+    let mut executor = crate::engine::Executor::Cpu { model, kv };
+    let cache = (blocks, block_size);
+    let (one, relative) =
+        crate::speculative::relative_step_times(&mut executor, cache, context, ks, repeats)?;
     // Slope through (0, 1): sum k (r - 1) / sum k².
     let (num, den) = relative.iter().fold((0.0, 0.0), |(n, d), &(k, r)| {
         (n + k as f64 * (r - 1.0), d + (k * k) as f64)
     });
-    Ok(VerifyCostReport {
+    Some(VerifyCostReport {
         context,
         one_token_step: Duration::from_secs_f64(one),
         relative_step_time: relative,

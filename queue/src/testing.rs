@@ -110,3 +110,30 @@ pub async fn drain_usage(broker: &dyn crate::Broker) -> Vec<crate::UsageEvent> {
         out.extend(got.into_iter().map(|d| d.event));
     }
 }
+
+/// Reads request `id`'s stream as a reconnecting gateway would (from the last seq seen)
+/// until its last event. Panics on a broker error or after `timeout`: for tests only.
+pub async fn read_to_end(
+    broker: &dyn crate::Broker,
+    id: uuid::Uuid,
+    timeout: Duration,
+) -> Vec<crate::ResponseEvent> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut out: Vec<crate::ResponseEvent> = Vec::new();
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stream {id} incomplete after {timeout:?}: {out:?}"
+        );
+        let after = out.last().map_or(0, crate::ResponseEvent::seq);
+        let page = broker
+            .read_responses(id, after, 100, Duration::from_millis(100))
+            .await
+            .expect("read responses");
+        let end = page.iter().any(crate::ResponseEvent::is_terminal);
+        out.extend(page);
+        if end {
+            return out;
+        }
+    }
+}

@@ -244,28 +244,7 @@ pub async fn reference(
     panic!("engine stopped");
 }
 
-/// Reads request `id`'s stream as a reconnecting gateway would (from the last seq seen)
-/// until its last event.
-pub async fn read_to_end(broker: &dyn Broker, id: Uuid, timeout: Duration) -> Vec<ResponseEvent> {
-    let deadline = Instant::now() + timeout;
-    let mut out: Vec<ResponseEvent> = Vec::new();
-    loop {
-        assert!(
-            Instant::now() < deadline,
-            "stream {id} incomplete after {timeout:?}: {out:?}"
-        );
-        let after = out.last().map_or(0, ResponseEvent::seq);
-        let page = broker
-            .read_responses(id, after, 100, Duration::from_millis(200))
-            .await
-            .unwrap();
-        let end = page.iter().any(ResponseEvent::is_terminal);
-        out.extend(page);
-        if end {
-            return out;
-        }
-    }
-}
+pub use tidal_queue::testing::read_to_end;
 
 /// Token ids and text of a stream's deltas.
 pub fn delivered(events: &[ResponseEvent]) -> (Vec<u32>, String) {

@@ -104,21 +104,7 @@ fn job(model: &str, max_tokens: usize) -> Job {
 
 /// Reads a request's stream until its last event.
 async fn read_to_end(b: &dyn Broker, id: Uuid) -> Vec<ResponseEvent> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut out: Vec<ResponseEvent> = Vec::new();
-    loop {
-        assert!(Instant::now() < deadline, "stream {id} incomplete: {out:?}");
-        let after = out.last().map_or(0, ResponseEvent::seq);
-        let page = b
-            .read_responses(id, after, 100, Duration::from_millis(100))
-            .await
-            .unwrap();
-        let end = page.iter().any(ResponseEvent::is_terminal);
-        out.extend(page);
-        if end {
-            return out;
-        }
-    }
+    tidal_queue::testing::read_to_end(b, id, Duration::from_secs(120)).await
 }
 
 /// Consecutive seqs, deltas, then one `done` counting every delivered token; the count.

@@ -23,6 +23,7 @@ use crate::deployment::WorkerConfig;
 use crate::events::Events;
 use crate::fleet_time::FleetMeter;
 use crate::model_metrics::ModelMetrics;
+use crate::pool_assign::PoolMemory;
 
 /// A clock the controller reads (injected so tests control time).
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
@@ -114,6 +115,8 @@ pub struct Context {
     pub deployments: Store<Deployment>,
     /// The `ModelPool`s (empty until `run` sets its cache).
     pub pools: Store<ModelPool>,
+    /// The pools' pods (label `tidal.dev/pool`; empty until `run` sets its cache).
+    pub pool_pods: Store<Pod>,
     /// The Models, as the pool reconciler reads them (empty until `run` sets its cache).
     pub models: Store<Model>,
     /// Settings.
@@ -121,6 +124,7 @@ pub struct Context {
     /// The clock.
     pub clock: Clock,
     memory: Mutex<HashMap<String, Memory>>,
+    pool_memory: Mutex<HashMap<String, PoolMemory>>,
     meter: Mutex<FleetMeter>,
 }
 
@@ -151,10 +155,12 @@ impl Context {
             nodes,
             deployments,
             pools: kube::runtime::reflector::store().0,
+            pool_pods: kube::runtime::reflector::store().0,
             models: kube::runtime::reflector::store().0,
             settings,
             clock,
             memory: Mutex::new(HashMap::new()),
+            pool_memory: Mutex::new(HashMap::new()),
             meter: Mutex::new(FleetMeter::default()),
         }
     }
@@ -162,6 +168,11 @@ impl Context {
     /// The per-Model memory (a poisoned lock is recovered: the memory is a cache).
     pub fn memory(&self) -> MutexGuard<'_, HashMap<String, Memory>> {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The per-pool memory (a poisoned lock is recovered: the memory is a cache).
+    pub fn pool_memory(&self) -> MutexGuard<'_, HashMap<String, PoolMemory>> {
+        self.pool_memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The fleet meter.

@@ -112,6 +112,65 @@ impl FleetMeter {
         closed
     }
 
+    /// Adds `replica_ms` of `payer` (a model, or a pool's own line) on `capacity`, spread
+    /// evenly over `[from_ms, to_ms)`: a pool's share of its workers' time, which the pool
+    /// splits itself. Returns the intervals that closed by `to_ms`. Call it every tick for
+    /// every payer charged before, with 0 when it has no share now, so that its last
+    /// interval closes. A payer is charged either this way or by [`FleetMeter::sample`],
+    /// never both.
+    pub fn charge(
+        &mut self,
+        payer: &str,
+        capacity: CapacityType,
+        replica_ms: u64,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Vec<Interval> {
+        let start_of = |t: u64| t - t % INTERVAL_MS;
+        let key = (payer.to_string(), capacity);
+        let mut closed = Vec::new();
+        let span = to_ms.saturating_sub(from_ms);
+        let mut given = 0u64;
+        let mut t = from_ms;
+        loop {
+            let piece_start = start_of(t);
+            let end = (piece_start + INTERVAL_MS).min(to_ms.max(t));
+            let open = self.open.entry(key.clone()).or_insert(Open {
+                start_ms: piece_start,
+                ..Open::default()
+            });
+            if open.start_ms < piece_start {
+                if open.replica_ms > 0 {
+                    closed.push(Interval {
+                        id: format!("{payer}/{}/{}", cap_name(capacity), open.start_ms),
+                        model: payer.to_string(),
+                        capacity,
+                        start_ms: open.start_ms,
+                        replica_ms: open.replica_ms,
+                    });
+                }
+                open.start_ms = piece_start;
+                open.replica_ms = 0;
+            }
+            let share = if end >= to_ms || span == 0 {
+                replica_ms - given
+            } else {
+                // `span` is above zero and `end - from_ms` at most `span`: the quotient fits
+                u64::try_from(u128::from(replica_ms) * u128::from(end - from_ms) / u128::from(span))
+                    .unwrap_or(replica_ms)
+                    - given
+            };
+            open.replica_ms = open.replica_ms.saturating_add(share);
+            given += share;
+            open.last_ms = end;
+            if end >= to_ms {
+                break;
+            }
+            t = end;
+        }
+        closed
+    }
+
     /// Forgets a model (deleted); its open interval is dropped.
     pub fn forget(&mut self, model: &str) {
         self.open.retain(|(m, _), _| m != model);
@@ -123,6 +182,41 @@ mod tests {
     use super::*;
 
     const S: CapacityType = CapacityType::Spot;
+
+    #[test]
+    fn a_charge_is_spread_over_the_minutes_it_covers_and_closes_them() {
+        let mut m = FleetMeter::default();
+        // 30 s before a minute boundary to 30 s after: half in each minute; the first
+        // minute closes as the charge passes its end
+        let interval = |start_ms: u64| Interval {
+            id: format!("ns/p/spot/{start_ms}"),
+            model: "ns/p".into(),
+            capacity: S,
+            start_ms,
+            replica_ms: 500,
+        };
+        assert_eq!(
+            m.charge("ns/p", S, 1_000, 30_000, 90_000),
+            vec![interval(0)]
+        );
+        assert_eq!(
+            m.charge("ns/p", S, 0, 90_000, 121_000),
+            vec![interval(60_000)]
+        );
+        // nothing charged in the minute now open: it closes with nothing to report
+        assert!(m.charge("ns/p", S, 0, 121_000, 200_000).is_empty());
+    }
+
+    #[test]
+    fn charges_within_one_minute_add_up() {
+        let mut m = FleetMeter::default();
+        m.charge("ns/a", S, 7, 0, 1_000);
+        m.charge("ns/a", S, 5, 1_000, 2_000);
+        let closed = m.charge("ns/a", S, 0, 2_000, 60_000);
+        assert!(closed.is_empty());
+        let closed = m.charge("ns/a", S, 0, 60_000, 61_000);
+        assert_eq!(closed[0].replica_ms, 12);
+    }
 
     #[test]
     fn first_sample_only_starts_the_clock() {

@@ -4,8 +4,8 @@
 //! capacity").
 //!
 //! A `ModelPool` gets `{pool}-spot` and `{pool}-ondemand` of pool workers instead, built by
-//! [`pool_deployment`] and applied by [`pool_reconcile`]; a Model in a pool has none of its
-//! own ([`pooled`]).
+//! [`pool_deployment`] and applied by [`pool_reconcile`], which runs the pool's assignment
+//! loop each tick ([`pool_assign`]); a Model in a pool has none of its own ([`pooled`]).
 //!
 //! Pure parts (tested with plain unit tests): [`deployment`] (the Deployment a Model gets),
 //! [`observe`] (pods and nodes → the policy's view), [`report`] (status, record state,
@@ -26,6 +26,7 @@ pub mod leader;
 pub mod model_metrics;
 pub mod names;
 pub mod observe;
+pub mod pool_assign;
 pub mod pool_deployment;
 pub mod pool_reconcile;
 pub mod pooled;

@@ -54,9 +54,13 @@ pub fn cached_path(model: &Model, source: &Source) -> String {
     }
 }
 
-/// The pool worker's arguments after `tidal`.
+/// The pool worker's arguments after `tidal`: besides the pool's settings, one
+/// `--pool-model ID=PATH` per Model (and its `--pool-model-sha256 ID=HEX` when the source
+/// gives one), so that the worker finds each model's file where the init containers put it
+/// and checks it before the first load.
 pub fn pool_worker_args(
     pool: &ModelPool,
+    models: &[PoolModel<'_>],
     capacity: CapacityType,
     cfg: &WorkerConfig,
 ) -> Vec<String> {
@@ -76,12 +80,25 @@ pub fn pool_worker_args(
         format!("{}s", spec.drain_timeout_seconds),
         "--listen".into(),
         format!("0.0.0.0:{}", spec.runtime.port),
+        // the worker refuses what the placement would not pack: the same memory
+        "--worker-memory".into(),
+        spec.worker_memory_bytes.to_string(),
     ];
     if let Some(p) = &cfg.key_prefix {
         args.extend(["--queue-prefix".into(), p.clone()]);
     }
     if spec.resources.gpus > 0 {
         args.extend(["--device".into(), "cuda".into()]);
+    }
+    for m in models {
+        let id = model_id(&ns, &m.model.name_any());
+        args.extend([
+            "--pool-model".into(),
+            format!("{id}={}", cached_path(m.model, &m.source)),
+        ]);
+        if let Some(sha) = m.source.sha256() {
+            args.extend(["--pool-model-sha256".into(), format!("{id}={sha}")]);
+        }
     }
     args.extend(spec.runtime.extra_args.iter().cloned());
     args
@@ -186,7 +203,7 @@ pub fn build_pool(
             labels: pool_labels(&name, capacity),
             selector: pool_selector_labels(&name, capacity),
             image: spec.runtime.image.clone(),
-            args: pool_worker_args(pool, capacity, cfg),
+            args: pool_worker_args(pool, models, capacity, cfg),
             // the node name tells the controller which workers share a node cache
             env: vec![
                 field_env("POD_NAME", "metadata.name"),

@@ -151,7 +151,12 @@ fn the_pool_worker_runs_tidal_runtime_on_the_cache_with_probes_and_drain() {
             "args": [
                 "runtime", "--pool", "models/l4-pool", "--model-dir", "/cache",
                 "--queue", "redis://redis:6379", "--capacity-type", "spot",
-                "--drain-timeout", "60s", "--listen", "0.0.0.0:8000", "--device", "cuda",
+                "--drain-timeout", "60s", "--listen", "0.0.0.0:8000",
+                "--worker-memory", "17179869184", "--device", "cuda",
+                "--pool-model",
+                "models/llama-3-8b-pooled=/cache/models/llama-3-8b-pooled/Meta-Llama-3-8B-Instruct-Q4_K_M.gguf",
+                "--pool-model-sha256",
+                "models/llama-3-8b-pooled=647a2b64cbcdbe670432d0502ebb2592b36dd364d51a9ef7a1387b7e3e4b8b8a",
             ],
             "env": [
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

@@ -1,12 +1,14 @@
-//! The `ModelPool` reconciler: validates the pool, gathers the Models that name it (their
-//! downloads become the pool pods' init containers), server-side applies `{pool}-spot` and
-//! `{pool}-ondemand`, and patches the status (ready workers, models, conditions).
-//!
-//! The worker count is left where it is once a Deployment exists; a new one starts at the
-//! pool's floor (`minWorkers`, with `baseOnDemandReplicas` on demand). Moving models onto
-//! workers and sizing the count on the models' summed demand is the assignment loop's
-//! (`tidal_autoscaler::pool::plan`), which is not run here. Owner references remove the
+//! The `ModelPool` reconciler, every tick: validates the pool, gathers the Models that name
+//! it (their downloads become the pool pods' init containers, their files the workers'
+//! `--pool-model` entries), runs the assignment loop ([`crate::pool_assign`]: models placed
+//! on workers, the worker count decided, fleet time split across models), applies
+//! `{pool}-spot` and `{pool}-ondemand` (server-side apply when the rendered Deployment
+//! changed, else a patch of `spec.replicas` when the count did), and patches the status
+//! (ready workers, each worker's models, conditions). Owner references remove the
 //! Deployments with the pool, so a pool needs no finaliser.
+//!
+//! When the broker cannot be read, the worker count stays where it is (a new Deployment
+//! starts at the pool's floor) and the `Placed` condition says why.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,13 +25,11 @@ use tidal_queue::CapacityType;
 
 use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::names::{deployment_name, CAPACITIES, FIELD_MANAGER, MAX_NAME_LEN};
+use crate::names::{deployment_name, model_id, CAPACITIES, FIELD_MANAGER, MAX_NAME_LEN};
+use crate::pool_assign::{tick_pool, PoolOutcome};
 use crate::pool_deployment::{build_pool, PoolModel};
 use crate::reconcile::to_time;
 use crate::report::carry_transitions;
-
-/// How often a pool's status is refreshed without a change to watch.
-const RESYNC: Duration = Duration::from_secs(30);
 
 /// The Models in `ns` whose `spec.pool` is `pool`, in name order, with a valid spec.
 pub fn pool_models<'a>(models: &'a [Arc<Model>], ns: &str, pool: &str) -> Vec<PoolModel<'a>> {
@@ -121,7 +121,7 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
     } else {
         pool.spec
             .pool_spec()
-            .and_then(|_| pool.spec.cache.volume())
+            .and_then(|spec| Ok((spec, pool.spec.cache.volume()?)))
             .map_err(|e| e.to_string())
     };
     // a Deployment of the pool's name that the pool does not own (a Model's of the same
@@ -141,40 +141,74 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
     };
     let mut conditions = Vec::new();
     match checked {
-        Ok(cache) => {
+        Ok((spec, cache)) => {
+            let pool_id = model_id(&ns, &name);
+            let ids: Vec<String> = models
+                .iter()
+                .map(|m| model_id(&ns, &m.model.name_any()))
+                .collect();
+            let clock_now = (ctx.clock)();
+            let mut mem = ctx.pool_memory().remove(&pool_id).unwrap_or_default();
+            let due = mem.ticked_at.is_none_or(|t| {
+                clock_now.duration_since(t).unwrap_or_default() >= ctx.settings.tick.mul_f64(0.9)
+            });
+            let outcome: Result<PoolOutcome, String> = match (&mem.last, due) {
+                (Some(last), false) => Ok(last.clone()),
+                _ => tick_pool(&ctx, &pool, &pool_id, spec, &ids, &mut mem, clock_now)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(pool = %pool_id, error = %e, "pool tick failed");
+                        e.to_string()
+                    }),
+            };
             let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-            for capacity in CAPACITIES {
-                let dep = deployment_name(&name, capacity);
-                let existing = ctx.deployments.get(&ObjectRef::new(&dep).within(&ns));
-                let replicas = existing
-                    .as_ref()
-                    .and_then(|d| d.spec.as_ref()?.replicas)
-                    .map(|r| u32::try_from(r).unwrap_or(0))
-                    .unwrap_or_else(|| floor_workers(&pool, capacity));
-                let ready = existing
-                    .as_ref()
-                    .and_then(|d| d.status.as_ref()?.ready_replicas)
-                    .map_or(0, |r| u32::try_from(r).unwrap_or(0));
-                let body = build_pool(
-                    &pool,
-                    &cache,
-                    &models,
-                    capacity,
-                    replicas,
-                    &ctx.settings.worker,
-                );
-                api.patch(
-                    &dep,
-                    &PatchParams::apply(FIELD_MANAGER).force(),
-                    &Patch::Apply(&body),
-                )
-                .await?;
-                let s = match capacity {
-                    CapacityType::Spot => &mut status.spot,
-                    CapacityType::OnDemand => &mut status.on_demand,
-                };
-                s.desired = replicas;
-                s.ready = ready;
+            let applied = apply_deployments(
+                &ctx,
+                &api,
+                &pool,
+                &cache,
+                &models,
+                outcome.as_ref().ok(),
+                &mut mem,
+                &mut status,
+            )
+            .await;
+            ctx.pool_memory().insert(pool_id, mem);
+            applied?;
+            match &outcome {
+                Ok(o) => {
+                    status.workers = o.workers.clone();
+                    conditions.push(if o.problems.is_empty() {
+                        condition(
+                            "Placed",
+                            true,
+                            "AllPlaced",
+                            "every model with work is placed on a worker".into(),
+                            generation,
+                            &now,
+                        )
+                    } else {
+                        condition(
+                            "Placed",
+                            false,
+                            "NotPlaced",
+                            o.problems.join("; "),
+                            generation,
+                            &now,
+                        )
+                    });
+                }
+                Err(e) => conditions.push(Condition {
+                    status: "Unknown".into(),
+                    ..condition(
+                        "Placed",
+                        false,
+                        "QueueUnavailable",
+                        format!("the broker cannot be read, the worker count is kept: {e}"),
+                        generation,
+                        &now,
+                    )
+                }),
             }
             status.ready_workers = status.spot.ready + status.on_demand.ready;
             conditions.push(condition(
@@ -213,13 +247,88 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
     }
     if let Some(previous) = &pool.status {
         carry_transitions(&mut conditions, &previous.conditions);
-        status.workers = previous.workers.clone();
+        if status.workers.is_empty() && status.ready_workers > 0 {
+            status.workers = previous.workers.clone();
+        }
     }
     status.conditions = conditions;
     if pool.status.as_ref() != Some(&status) {
         patch_pool_status(&ctx, &pool, &status).await?;
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(ctx.settings.tick))
+}
+
+/// Applies both Deployments of the pool with the outcome's worker counts (without one, the
+/// counts they have, or the floor for a new one): the whole object when its rendering
+/// changed since the last apply, else only `spec.replicas` when the count changed.
+#[allow(clippy::too_many_arguments)]
+async fn apply_deployments(
+    ctx: &Context,
+    api: &Api<Deployment>,
+    pool: &ModelPool,
+    cache: &tidal_crds::CacheVolume,
+    models: &[PoolModel<'_>],
+    outcome: Option<&PoolOutcome>,
+    mem: &mut crate::pool_assign::PoolMemory,
+    status: &mut ModelPoolStatus,
+) -> Result<()> {
+    let ns = pool.namespace().ok_or(Error::Incomplete("namespace"))?;
+    let name = pool.name_any();
+    for capacity in CAPACITIES {
+        let dep = deployment_name(&name, capacity);
+        let existing = ctx.deployments.get(&ObjectRef::new(&dep).within(&ns));
+        let current = existing
+            .as_ref()
+            .and_then(|d| d.spec.as_ref()?.replicas)
+            .map(|r| u32::try_from(r).unwrap_or(0));
+        let replicas = match (outcome, capacity) {
+            (Some(o), CapacityType::Spot) => o.spot,
+            (Some(o), CapacityType::OnDemand) => o.on_demand,
+            (None, _) => current.unwrap_or_else(|| floor_workers(pool, capacity)),
+        };
+        let ready = existing
+            .as_ref()
+            .and_then(|d| d.status.as_ref()?.ready_replicas)
+            .map_or(0, |r| u32::try_from(r).unwrap_or(0));
+        let body = build_pool(
+            pool,
+            cache,
+            models,
+            capacity,
+            replicas,
+            &ctx.settings.worker,
+        );
+        // the rendering without the count: a scale is a patch, not a new apply
+        let rendered = build_pool(pool, cache, models, capacity, 0, &ctx.settings.worker);
+        if existing.is_none() || mem.applied.get(&dep) != Some(&rendered) {
+            api.patch(
+                &dep,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await?;
+            mem.applied.insert(dep.clone(), rendered);
+            tracing::info!(deployment = %dep, replicas, "applied pool deployment");
+        } else if current != Some(replicas) {
+            api.patch(
+                &dep,
+                &PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(json!({ "spec": { "replicas": replicas } })),
+            )
+            .await?;
+            tracing::info!(deployment = %dep, from = ?current, to = replicas, "scaled pool");
+        }
+        let s = match capacity {
+            CapacityType::Spot => &mut status.spot,
+            CapacityType::OnDemand => &mut status.on_demand,
+        };
+        s.desired = replicas;
+        s.ready = ready;
+    }
+    Ok(())
 }
 
 /// Back-off after a failed pool reconcile.

@@ -345,28 +345,50 @@ async fn record_fleet_time(
             CapacityType::Spot => &model.spec.capacity.spot,
             CapacityType::OnDemand => &model.spec.capacity.on_demand,
         };
-        for interval in closed {
-            let start = chrono::DateTime::<chrono::Utc>::from(
-                SystemTime::UNIX_EPOCH + Duration::from_millis(interval.start_ms),
-            );
-            let usage = FleetUsage {
-                model: interval.model.clone(),
-                capacity: match capacity {
-                    CapacityType::Spot => BillingCapacity::Spot,
-                    CapacityType::OnDemand => BillingCapacity::OnDemand,
-                },
-                day: start.date_naive(),
-                price_per_hour_micros: pool.cost_per_replica_hour_micros,
-                replica_ms: i64::try_from(interval.replica_ms).unwrap_or(i64::MAX),
-            };
-            if mem.unrecorded.len() < MAX_UNRECORDED {
-                mem.unrecorded.push((interval.id, usage));
-            }
+        keep_unrecorded(
+            &mut mem.unrecorded,
+            closed,
+            pool.cost_per_replica_hour_micros,
+        );
+    }
+    flush_fleet_usage(ctx, &mut mem.unrecorded).await
+}
+
+/// Queues closed fleet-time intervals for the ledger at `price_per_hour_micros` (at most
+/// [`MAX_UNRECORDED`] wait while the ledger is down).
+pub(crate) fn keep_unrecorded(
+    unrecorded: &mut Vec<(String, FleetUsage)>,
+    closed: Vec<crate::fleet_time::Interval>,
+    price_per_hour_micros: i64,
+) {
+    for interval in closed {
+        let start = chrono::DateTime::<chrono::Utc>::from(
+            SystemTime::UNIX_EPOCH + Duration::from_millis(interval.start_ms),
+        );
+        let usage = FleetUsage {
+            model: interval.model.clone(),
+            capacity: match interval.capacity {
+                CapacityType::Spot => BillingCapacity::Spot,
+                CapacityType::OnDemand => BillingCapacity::OnDemand,
+            },
+            day: start.date_naive(),
+            price_per_hour_micros,
+            replica_ms: i64::try_from(interval.replica_ms).unwrap_or(i64::MAX),
+        };
+        if unrecorded.len() < MAX_UNRECORDED {
+            unrecorded.push((interval.id, usage));
         }
     }
-    while let Some((interval_id, usage)) = mem.unrecorded.first() {
+}
+
+/// Records the queued fleet time in the ledger, oldest first, until one fails.
+pub(crate) async fn flush_fleet_usage(
+    ctx: &Context,
+    unrecorded: &mut Vec<(String, FleetUsage)>,
+) -> Result<()> {
+    while let Some((interval_id, usage)) = unrecorded.first() {
         ctx.ledger.record_fleet_usage(interval_id, usage).await?;
-        mem.unrecorded.remove(0);
+        unrecorded.remove(0);
     }
     Ok(())
 }

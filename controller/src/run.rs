@@ -28,7 +28,7 @@ use crate::context::{system_clock, Context, Settings};
 use crate::http::{router, Render};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::model_metrics::ModelMetrics;
-use crate::names::{MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL};
+use crate::names::{MANAGED_BY, MANAGED_BY_LABEL, MODEL_LABEL, POOL_LABEL};
 use crate::pool_reconcile::{pool_error_policy, reconcile_pool};
 use crate::reconcile::{error_policy, reconcile};
 use crate::watch_mode;
@@ -225,6 +225,7 @@ pub async fn run(
     );
     ctx.model_metrics = model_metrics.clone();
     ctx.pools = cache::<ModelPool>(api(&client, ns), wc.clone());
+    ctx.pool_pods = cache::<Pod>(api(&client, ns), wc.clone().labels(POOL_LABEL));
     ctx.models = cache::<Model>(api(&client, ns), wc.clone());
     let ctx = Arc::new(ctx);
 

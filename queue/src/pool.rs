@@ -23,6 +23,10 @@ pub struct PoolLoadedModel {
     pub waiting: u32,
     /// When the worker last held a job of it, or finished loading it (ms since the epoch).
     pub last_used_ms: u64,
+    /// Completion tokens this worker delivered for the model since it loaded it, a counter
+    /// that only grows while the model stays loaded.
+    #[serde(default)]
+    pub tokens_delivered: u64,
 }
 
 /// A model whose weights are in the worker node's local cache (the page cache or local
@@ -158,6 +162,7 @@ mod tests {
                 running: 1,
                 waiting: 0,
                 last_used_ms: 5,
+                tokens_delivered: 7,
             }],
             loading: vec![],
             unloading: vec![],

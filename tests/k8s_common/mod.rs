@@ -30,7 +30,7 @@ use tidal_controller::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextens
 use tidal_controller::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use tidal_controller::kube::runtime::{watcher, WatchStreamExt};
 use tidal_controller::kube::Client;
-use tidal_crds::Model;
+use tidal_crds::{Model, ModelPool};
 use tidal_queue::{Broker, BrokerConfig, RedisBroker};
 
 use crate::chart_rbac::ChartRbac;
@@ -55,29 +55,38 @@ pub async fn client_or_skip() -> Option<Client> {
     )
 }
 
-/// Applies the CRD (server-side, as `kubectl apply --server-side` does) and waits until it
-/// is established.
+/// Applies the CRDs, `Model` and `ModelPool` (server-side, as `kubectl apply --server-side`
+/// does), and waits until they are established.
 pub async fn apply_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "models.tidal.dev",
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(tidal_crds::crd()),
-    )
-    .await
-    .expect("apply the CRD");
-    eventually("the CRD established", Duration::from_secs(60), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("models.tidal.dev").await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    for (name, crd) in [
+        ("models.tidal.dev", tidal_crds::crd()),
+        ("modelpools.tidal.dev", tidal_crds::pool_crd()),
+    ] {
+        crds.patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
+        eventually(
+            &format!("the CRD {name} established"),
+            Duration::from_secs(60),
+            || {
+                let crds = crds.clone();
+                async move {
+                    let crd = crds.get(name).await.ok()?;
+                    crd.status?
+                        .conditions?
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+    }
 }
 
 /// Milliseconds since the Unix epoch (unique names).
@@ -293,6 +302,25 @@ impl Stack {
             .expect("create the Model")
     }
 
+    /// Creates the `ModelPool` `pool` in the namespace (its `metadata.namespace` is set here).
+    pub async fn create_pool(&self, mut pool: Value) -> ModelPool {
+        pool["metadata"]["namespace"] = json!(self.ns);
+        let pool: ModelPool = serde_json::from_value(pool).expect("a ModelPool");
+        Api::<ModelPool>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create the ModelPool")
+    }
+
+    /// The `ModelPool` `name` as the API has it now.
+    pub async fn pool(&self, name: &str) -> Option<ModelPool> {
+        Api::<ModelPool>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// The Model `name` as the API has it now.
     pub async fn model(&self, name: &str) -> Option<Model> {
         Api::<Model>::namespaced(self.client.clone(), &self.ns)
@@ -374,7 +402,7 @@ impl Stack {
             .args(["-v", "ON_ERROR_STOP=1", "-At", "-F", "|", "-c"])
             .arg(
                 "SELECT request_id, segment, tenant_id, prompt_tokens, completion_tokens, \
-                 capacity, worker FROM usage_events ORDER BY request_id, segment",
+                 capacity, worker, model_id FROM usage_events ORDER BY request_id, segment",
             )
             .output()
             .expect("run psql (the PostgreSQL client)");
@@ -396,6 +424,7 @@ impl Stack {
                     completion_tokens: n(4),
                     capacity: f.get(5).unwrap_or(&"").to_string(),
                     worker: f.get(6).unwrap_or(&"").to_string(),
+                    model: f.get(7).unwrap_or(&"").to_string(),
                 }
             })
             .collect()
@@ -473,6 +502,8 @@ pub struct Segment {
     /// `spot` or `on_demand`.
     pub capacity: String,
     pub worker: String,
+    /// The model id.
+    pub model: String,
 }
 
 /// A worker process started for a pod.
@@ -580,6 +611,8 @@ impl PodWorkers {
     }
 
     /// The pod's container arguments made local.
+    /// A pool worker's model directory is a fresh directory per pod (the node cache is
+    /// not simulated) and each `--pool-model ID=PATH` points at the local weights.
     fn local_args(&self, pod: &PodInfo, port: u16) -> Vec<String> {
         let mut args = pod.args.clone();
         let mut i = 0;
@@ -587,23 +620,64 @@ impl PodWorkers {
             match args[i].as_str() {
                 "--model" => args[i + 1] = self.inner.model.display().to_string(),
                 "--listen" => args[i + 1] = format!("127.0.0.1:{port}"),
+                "--model-dir" => {
+                    let dir = self.inner.dir.join(format!("cache-{}", pod.name));
+                    std::fs::create_dir_all(&dir).expect("a pool worker's model directory");
+                    args[i + 1] = dir.display().to_string();
+                }
+                "--pool-model" => {
+                    let id = args[i + 1]
+                        .split('=')
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    args[i + 1] = format!("{id}={}", self.inner.model.display());
+                }
                 _ => {}
             }
             i += 1;
+        }
+        // the local weights are not the file the Model's source names
+        let mut j = 0;
+        while j + 1 < args.len() {
+            if args[j] == "--pool-model-sha256" {
+                args.drain(j..j + 2);
+            } else {
+                j += 1;
+            }
         }
         args.extend(["--worker-name".into(), pod.name.clone()]);
         args
     }
 
+    /// Whether the pod's worker has sent a heartbeat and is not draining: its model's
+    /// (`--model-id`), or its pool's (`--pool`).
+    async fn beating(&self, args: &[String], pod: &str) -> bool {
+        let value = |flag: &str| {
+            args.iter()
+                .position(|a| a == flag)
+                .and_then(|i| args.get(i + 1))
+                .cloned()
+        };
+        if let Some(pool) = value("--pool") {
+            return self
+                .inner
+                .broker
+                .pool_workers(&pool)
+                .await
+                .is_ok_and(|beats| beats.iter().any(|b| b.worker == pod && !b.draining));
+        }
+        let model_id = value("--model-id").unwrap_or_default();
+        self.inner
+            .broker
+            .workers(&model_id)
+            .await
+            .is_ok_and(|beats| beats.iter().any(|b| b.worker == pod && !b.draining))
+    }
+
     async fn start(&self, pod: PodInfo) {
         let port = free_port();
         let args = self.local_args(&pod, port);
-        let model_id = args
-            .iter()
-            .position(|a| a == "--model-id")
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_default();
         let log = self.inner.dir.join(format!("worker-{}.log", pod.name));
         let child = Command::new(env!("CARGO_BIN_EXE_tidal"))
             .args(&args)
@@ -635,10 +709,8 @@ impl PodWorkers {
         // loads leaves the pod Ready without one, and the test's own waits fail with the log.
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
-            if let Ok(beats) = self.inner.broker.workers(&model_id).await {
-                if beats.iter().any(|b| b.worker == pod.name && !b.draining) {
-                    return;
-                }
+            if self.beating(&args, &pod.name).await {
+                return;
             }
             let exited = self
                 .inner

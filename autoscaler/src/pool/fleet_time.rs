@@ -3,15 +3,15 @@
 //! overhead.
 //!
 //! The rule: over an interval, a worker's milliseconds go to the models in proportion to the
-//! tokens (prompt + completion, as billed) each served on it in that interval. Tokens rather
-//! than busy time because the usage stream already carries them per segment with the worker
-//! and its start and end, so the ledger needs no new measurement, and because a continuous
-//! batch interleaves models within one step, where busy time per model is not observable
-//! (the worker would have to apportion each step itself, by tokens again). An interval in
-//! which nothing was served goes to the models held in it, equally (they kept the memory);
-//! one with nothing held either goes to the pool itself, a platform overhead line. Shares are
-//! whole milliseconds and sum exactly to the interval (Hamilton's largest-remainder method,
-//! ties to the smaller model id).
+//! tokens each served on it in that interval (the controller counts completion tokens, which
+//! the worker's heartbeat carries per loaded model: decode steps are most of a worker's
+//! time). Tokens rather than busy time because a continuous batch interleaves models within
+//! one step, where busy time per model is not observable (the worker would have to
+//! apportion each step itself, by tokens again). An interval in which nothing was served
+//! goes to the models held in it, equally (they kept the memory); one with nothing held
+//! either goes to the pool itself, a platform overhead line. Shares are whole milliseconds
+//! and sum exactly to the interval (Hamilton's largest-remainder method, ties to the smaller
+//! model id).
 
 use std::collections::BTreeMap;
 

@@ -55,6 +55,9 @@ pub struct WorkerState {
     /// Models whose weights are in its node's local cache (page cache or local disk), which
     /// load in a swap rather than a download.
     pub cached: Vec<String>,
+    /// Models it failed to load (a file missing or corrupt on its node, too large once
+    /// loaded): they are never placed on it again while it reports them.
+    pub refused: Vec<String>,
 }
 
 impl WorkerState {

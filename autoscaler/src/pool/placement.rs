@@ -10,7 +10,7 @@
 //!   (ServerlessLLM's locality-aware placement: a swap, not a download), (2) a worker with
 //!   free memory, (3) a worker where unloading least-recently-used idle models frees enough.
 //!   Within a class: not loading before loading, fewest jobs, best fit, then id; in (3) the
-//!   fewest evictions and a cached node first.
+//!   fewest evictions and a cached node first. Never a worker that failed to load it.
 //! - **Unload**: only a model with no job on that worker and none queued, when it has idled
 //!   there for `idleUnloadAfter`, or to make room (least recently used first).
 //! - **Workers**: [`decide`] on the pool's summed demand under `workers`, never below what
@@ -346,7 +346,11 @@ fn place<'a>(
     let need = m.memory_bytes;
     let id = m.model.as_str();
     let cached = |s: &Slot<'_>| s.w.cached.iter().any(|c| c == id);
-    let candidates = || (0..slots.len()).filter(|i| !slots[*i].held.contains_key(id));
+    let candidates = || {
+        (0..slots.len()).filter(|i| {
+            !slots[*i].held.contains_key(id) && !slots[*i].w.refused.iter().any(|r| r == id)
+        })
+    };
     let rank = |i: &usize| {
         let s = &slots[*i];
         (s.w.is_loading(), s.w.in_flight(), s.free, *i)

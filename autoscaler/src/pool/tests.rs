@@ -52,6 +52,7 @@ fn worker(id: &str, free: u64, loaded: &[(&str, u64, u64)], cached: &[&str]) -> 
             .collect(),
         loading: Vec::new(),
         cached: cached.iter().map(|c| (*c).into()).collect(),
+        refused: Vec::new(),
     }
 }
 
@@ -158,6 +159,18 @@ fn loads_follow_the_preference_order() {
                 worker("d", 50, &[("w", 999, 0)], &[]),
             ],
             vec![load("m", "c")],
+        ),
+        (
+            "never a worker that failed to load the model, however good it is",
+            vec![model("m", 1, 0, 40)],
+            vec![
+                WorkerState {
+                    refused: vec!["m".into()],
+                    ..worker("a", 100, &[], &["m"])
+                },
+                worker("b", 60, &[("x", 999, 2)], &[]),
+            ],
+            vec![load("m", "b")],
         ),
         (
             "a worker that is loading comes after one that is not",

@@ -422,6 +422,7 @@ fn observe(
                 .map(|(m, _)| pool.names[*m].clone())
                 .collect(),
             cached: w.cached.iter().map(|m| pool.names[*m].clone()).collect(),
+            refused: Vec::new(),
         });
     }
     obs

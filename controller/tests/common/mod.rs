@@ -18,7 +18,7 @@ use serde_json::Value;
 use tidal_billing::Ledger;
 use tidal_controller::deployment::WorkerConfig;
 use tidal_controller::{Context, Settings};
-use tidal_crds::Model;
+use tidal_crds::{Model, ModelPool};
 use tidal_queue::{BrokerConfig, ManualClock, MemoryBroker};
 use tower_test::mock::{Handle, SendResponse};
 
@@ -33,6 +33,9 @@ pub struct Harness {
     pub pods: Writer<Pod>,
     pub nodes: Writer<Node>,
     pub deployments: Writer<Deployment>,
+    pub pools: Writer<ModelPool>,
+    pub models: Writer<Model>,
+    pub pool_pods: Writer<Pod>,
     pub now: Arc<Mutex<SystemTime>>,
 }
 
@@ -54,7 +57,10 @@ impl Harness {
         let (deps_r, deployments) = reflector::store::<Deployment>();
         let now = Arc::new(Mutex::new(SystemTime::UNIX_EPOCH + Duration::from_secs(T0)));
         let clock_now = now.clone();
-        let ctx = Arc::new(Context::new(
+        let (pools_r, pools) = reflector::store::<ModelPool>();
+        let (models_r, models) = reflector::store::<Model>();
+        let (pool_pods_r, pool_pods) = reflector::store::<Pod>();
+        let mut ctx = Context::new(
             client,
             broker.clone(),
             ledger.clone(),
@@ -71,7 +77,11 @@ impl Harness {
                 delete_grace: Duration::from_secs(30),
             },
             Arc::new(move || *clock_now.lock().unwrap()),
-        ));
+        );
+        ctx.pools = pools_r;
+        ctx.models = models_r;
+        ctx.pool_pods = pool_pods_r;
+        let ctx = Arc::new(ctx);
         Harness {
             ctx,
             broker,
@@ -80,8 +90,24 @@ impl Harness {
             pods,
             nodes,
             deployments,
+            pools,
+            models,
+            pool_pods,
             now,
         }
+    }
+
+    pub fn add_pool(&mut self, p: ModelPool) {
+        self.pools.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+
+    pub fn add_model(&mut self, m: Model) {
+        self.models.apply_watcher_event(&watcher::Event::Apply(m));
+    }
+
+    pub fn add_pool_pod(&mut self, p: Pod) {
+        self.pool_pods
+            .apply_watcher_event(&watcher::Event::Apply(p));
     }
 
     pub fn advance(&self, d: Duration) {

@@ -603,6 +603,7 @@ fn pool_beat(pool: &str, worker: &str, models: &[&str], last_seen_ms: u64) -> Po
                 running: 1,
                 waiting: 0,
                 last_used_ms: last_seen_ms,
+                tokens_delivered: 3,
             })
             .collect(),
         loading: vec!["ns/loading".into()],

@@ -53,6 +53,7 @@ pub(super) async fn build(pool: &mut Pool) -> PoolHeartbeat {
                     running: u32::try_from(running).unwrap_or(u32::MAX),
                     waiting: u32::try_from(held - running).unwrap_or(u32::MAX),
                     last_used_ms: touch(slot, now),
+                    tokens_delivered: 0,
                 });
             }
         }

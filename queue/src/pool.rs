@@ -15,7 +15,9 @@ use crate::types::CapacityType;
 pub struct PoolLoadedModel {
     /// The model id (its jobs stream is `{prefix}jobs:{model}`).
     pub model: String,
-    /// Device memory its weights take, bytes (counted against the worker's memory).
+    /// Memory it takes, bytes, counted against the worker's memory: its weights, its KV
+    /// cache and one step's activation buffers, as its memory plan works them out from the
+    /// file's header and the engine settings before the load.
     pub bytes: u64,
     /// Its sequences running on this worker.
     pub running: u32,
@@ -23,8 +25,9 @@ pub struct PoolLoadedModel {
     pub waiting: u32,
     /// When the worker last held a job of it, or finished loading it (ms since the epoch).
     pub last_used_ms: u64,
-    /// Completion tokens this worker delivered for the model since it loaded it, a counter
-    /// that only grows while the model stays loaded.
+    /// Completion tokens this worker delivered for the model since it loaded it: a counter
+    /// that only grows while the model stays loaded (it starts again from zero when the
+    /// model is loaded again).
     #[serde(default)]
     pub tokens_delivered: u64,
 }
@@ -37,8 +40,8 @@ pub struct CachedModel {
     pub model: String,
     /// Size of its weights file, bytes.
     pub bytes: u64,
-    /// SHA-256 of the file (lower-case hex) when the model directory's manifest gives one;
-    /// it is checked before the first load.
+    /// SHA-256 of the file (lower-case hex) when `--pool-model-sha256` or the model
+    /// directory's manifest gives one; it is checked before the first load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sha256: Option<String>,
     /// Whether its pages were resident in the page cache at the last look (a load from
@@ -67,9 +70,9 @@ pub struct PoolHeartbeat {
     pub node: String,
     /// Capacity it runs on.
     pub capacity_type: CapacityType,
-    /// Device memory the worker lets model weights take, bytes.
+    /// Memory the worker lets its models take (weights, KV caches and activations), bytes.
     pub memory_total_bytes: u64,
-    /// Of that, free: the total less what `loaded` and `loading` take.
+    /// Of that, free: the total less what `loaded`, `loading` and `unloading` take.
     pub memory_free_bytes: u64,
     /// Models loaded and serving.
     pub loaded: Vec<PoolLoadedModel>,
@@ -162,7 +165,7 @@ mod tests {
                 running: 1,
                 waiting: 0,
                 last_used_ms: 5,
-                tokens_delivered: 7,
+                tokens_delivered: 12,
             }],
             loading: vec![],
             unloading: vec![],
@@ -179,8 +182,17 @@ mod tests {
         let json = serde_json::to_value(&beat).unwrap();
         assert_eq!(json["capacity_type"], "spot");
         assert_eq!(json["loaded"][0]["last_used_ms"], 5);
+        assert_eq!(json["loaded"][0]["tokens_delivered"], 12);
         assert!(json["cached"][0].get("sha256").is_none());
         assert_eq!(serde_json::from_value::<PoolHeartbeat>(json).unwrap(), beat);
         assert!(beat.holds("a") && !beat.holds("b"));
+        // A beat written before the counter existed reads as zero tokens.
+        let mut old = serde_json::to_value(&beat).unwrap();
+        old["loaded"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("tokens_delivered");
+        let read = serde_json::from_value::<PoolHeartbeat>(old).unwrap();
+        assert_eq!(read.loaded[0].tokens_delivered, 0);
     }
 }

@@ -65,29 +65,36 @@ pub async fn ensure_redis() -> Result<String, String> {
 /// Deletes every key under `prefix` (never anything else: the test server is shared).
 /// Synchronous, so a test can call it from `Drop` when it panics; errors are ignored.
 pub fn delete_prefix(url: &str, prefix: &str) {
-    let Ok(client) = redis::Client::open(url) else {
-        return;
-    };
-    let Ok(mut c) = client.get_connection() else {
-        return;
-    };
+    let _ = scan_prefix(url, prefix, true);
+}
+
+/// Every key under `prefix`, sorted. Panics when Redis cannot be read: for tests only.
+pub fn keys_under(url: &str, prefix: &str) -> Vec<String> {
+    let mut keys = scan_prefix(url, prefix, false).expect("scanning the test Redis");
+    keys.sort();
+    keys
+}
+
+/// The keys under `prefix` (SCAN), deleting each page found when `delete`.
+fn scan_prefix(url: &str, prefix: &str, delete: bool) -> redis::RedisResult<Vec<String>> {
+    let client = redis::Client::open(url)?;
+    let mut c = client.get_connection()?;
     let mut cursor: u64 = 0;
+    let mut found = Vec::new();
     loop {
-        let Ok((next, keys)) = redis::cmd("SCAN")
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(format!("{prefix}*"))
             .arg("COUNT")
             .arg(1000)
-            .query::<(u64, Vec<String>)>(&mut c)
-        else {
-            return;
-        };
-        if !keys.is_empty() {
-            let _ = redis::cmd("DEL").arg(&keys).query::<i64>(&mut c);
+            .query(&mut c)?;
+        if delete && !keys.is_empty() {
+            redis::cmd("DEL").arg(&keys).query::<i64>(&mut c)?;
         }
+        found.extend(keys);
         if next == 0 {
-            break;
+            return Ok(found);
         }
         cursor = next;
     }

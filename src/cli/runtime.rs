@@ -16,7 +16,7 @@ use tidal_queue::{BrokerConfig, CapacityType, RedisBroker};
 use tidal_runtime::memory::{self, gib, MemoryPlan};
 use tidal_runtime::model::ModelFile;
 use tidal_runtime::server::{router, ServerState};
-use tidal_runtime::worker::pool::{ModelDir, PoolConfig, PoolWorker};
+use tidal_runtime::worker::pool::{ModelDir, PinnedModel, PoolConfig, PoolWorker};
 use tidal_runtime::worker::{probe, ClaimBudget, SharedPrefix, Worker, WorkerConfig};
 use tokio::sync::watch;
 
@@ -60,7 +60,8 @@ pub struct PoolArgs {
     pub pool: Option<String>,
     /// Node-local directory of the models a pool worker may load: `{model}.gguf` files
     /// (`ns/name.gguf` for `ns/name`), or a `models.json` manifest mapping model ids to
-    /// files and their SHA-256, checked before a file's first load.
+    /// files and their SHA-256, checked before a file's first load; models given with
+    /// --pool-model come first.
     #[arg(
         long,
         env = "TIDAL_POOL_MODEL_DIR",
@@ -68,9 +69,21 @@ pub struct PoolArgs {
         requires = "pool"
     )]
     pub model_dir: Option<PathBuf>,
-    /// Memory a pool worker's model weights may take, e.g. 60GiB (each loaded model adds
-    /// its --kv-cache-memory on top); a load that does not fit is refused (default: the
-    /// device's free memory at start).
+    /// A model of a pool worker and its GGUF file, `ID=PATH` (e.g.
+    /// `ns/llama=ns/llama/model.gguf`; PATH absolute or relative to --model-dir).
+    /// It takes precedence over the directory's `models.json` and `{model}.gguf` files, and
+    /// is reported in the node cache while the file exists.
+    #[arg(long, value_name = "ID=PATH", requires = "pool")]
+    pub pool_model: Vec<String>,
+    /// The SHA-256 of a --pool-model file, `ID=HEX` (64 hex digits), checked before its
+    /// first load: a file that differs is never loaded. An ID without a --pool-model is
+    /// refused at start.
+    #[arg(long, value_name = "ID=HEX", requires = "pool")]
+    pub pool_model_sha256: Vec<String>,
+    /// Memory a pool worker's models may take, e.g. 60GiB: each loaded model counts its
+    /// weights, KV cache (--kv-cache-memory) and activations, as its memory plan works them
+    /// out from the file's header; a load that does not fit the memory left is refused
+    /// before anything is allocated (default: the device's free memory at start).
     #[arg(long, value_parser = parse_bytes, requires = "pool")]
     pub worker_memory: Option<usize>,
     /// Bytes of unloaded models' files a pool worker keeps in the page cache; past it the
@@ -391,7 +404,7 @@ async fn run_pool(args: RuntimeArgs, url: String, pool: String) -> anyhow::Resul
     let (probes_done, probe_server) = start_probes(&args, probes.clone()).await?;
     let p = &args.pool;
     let dir_path = p.model_dir.clone().context("--pool needs --model-dir")?;
-    let dir = ModelDir::open(&dir_path)?;
+    let dir = ModelDir::with_pinned(&dir_path, pinned_models(p)?)?;
     let worker = worker_config(&args, format!("pool:{pool}"))?;
     args.engine.prepare()?;
     let engine = args.engine.engine_config();
@@ -422,6 +435,14 @@ async fn run_pool(args: RuntimeArgs, url: String, pool: String) -> anyhow::Resul
     tracing::info!(?summaries, "pool worker exited");
     stop_probes(probes_done, probe_server).await;
     Ok(())
+}
+
+/// The models of `--pool-model` with the checksums of `--pool-model-sha256`.
+fn pinned_models(p: &PoolArgs) -> anyhow::Result<Vec<PinnedModel>> {
+    Ok(PinnedModel::from_flags(
+        &p.pool_model,
+        &p.pool_model_sha256,
+    )?)
 }
 
 /// The queue worker settings from the flags, for `model_id`.
@@ -552,6 +573,47 @@ mod tests {
             let e = parse(&bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
+        // Models pinned to files, with their checksums.
+        let sum = "ab".repeat(32);
+        let with_sum = format!("ns/a={sum}");
+        let pinned = [
+            "--pool",
+            "gpu",
+            "--queue",
+            "redis://x",
+            "--model-dir",
+            "/m",
+            "--pool-model",
+            "ns/a=a.gguf",
+            "--pool-model",
+            "ns/b=/abs/b.gguf",
+            "--pool-model-sha256",
+            &with_sum,
+        ];
+        let cli = parse(&pinned).unwrap();
+        let models = pinned_models(&cli.runtime.pool).unwrap();
+        let got: Vec<(&str, &str, Option<&str>)> = models
+            .iter()
+            .map(|m| {
+                let path = m.path.to_str().unwrap_or_default();
+                (m.model.as_str(), path, m.sha256.as_deref())
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("ns/a", "a.gguf", Some(sum.as_str())),
+                ("ns/b", "/abs/b.gguf", None)
+            ]
+        );
+        let orphan = [&pinned[..6], &["--pool-model-sha256", &with_sum]].concat();
+        let cli = parse(&orphan).unwrap();
+        let e = pinned_models(&cli.runtime.pool).unwrap_err().to_string();
+        assert!(e.contains("no --pool-model ns/a=PATH"), "{e}");
+        let e = parse(&["--pool-model", "ns/a=a.gguf"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--pool"), "{e}");
         // Without --pool the model file stays required, with an error that names it.
         let cli = parse(&[]).unwrap();
         let e = cli.runtime.engine.model_path().unwrap_err().to_string();

@@ -132,6 +132,12 @@ impl Counters {
             .record(took.as_secs_f64());
     }
 
+    /// Completion tokens delivered so far (a live read of one counter, cheaper than
+    /// [`Counters::summary`]).
+    pub fn tokens_delivered(&self) -> u64 {
+        self.tokens_delivered.load(Ordering::Relaxed)
+    }
+
     /// The totals so far.
     pub fn summary(&self) -> WorkerSummary {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -174,6 +180,7 @@ mod tests {
         c.ended("m", Outcome::Requeued);
         c.ended("m", Outcome::TakenOver);
         c.delivered("m", 5, Duration::from_millis(1));
+        assert_eq!(c.tokens_delivered(), 5);
         let s = c.summary();
         assert_eq!(
             (

@@ -124,6 +124,11 @@ impl WorkerStatus {
         self.shared.counters.summary()
     }
 
+    /// Completion tokens written to response streams since the worker started.
+    pub fn tokens_delivered(&self) -> u64 {
+        self.shared.counters.tokens_delivered()
+    }
+
     /// The worker's settings.
     pub fn config(&self) -> &WorkerConfig {
         &self.shared.config

@@ -41,7 +41,7 @@ pub(super) async fn build(pool: &mut Pool) -> PoolHeartbeat {
     let (mut loaded, mut loading, mut unloading) = (Vec::new(), Vec::new(), Vec::new());
     for (m, h) in pool.held.iter_mut() {
         match h {
-            Held::Loading { .. } => loading.push(m.clone()),
+            Held::Loading(_) => loading.push(m.clone()),
             Held::Unloading(_) => unloading.push(m.clone()),
             Held::Serving(slot) => {
                 let held = slot.status.held();
@@ -49,11 +49,11 @@ pub(super) async fn build(pool: &mut Pool) -> PoolHeartbeat {
                 let running = stats.num_running.min(held);
                 loaded.push(PoolLoadedModel {
                     model: m.clone(),
-                    bytes: slot.entry.bytes,
+                    bytes: slot.bytes,
                     running: u32::try_from(running).unwrap_or(u32::MAX),
                     waiting: u32::try_from(held - running).unwrap_or(u32::MAX),
                     last_used_ms: touch(slot, now),
-                    tokens_delivered: 0,
+                    tokens_delivered: slot.status.tokens_delivered(),
                 });
             }
         }

@@ -13,24 +13,32 @@
 //!
 //! What the worker holds follows its assignment (`{prefix}pool:{pool}:assign`), read every
 //! heartbeat: assigned models it does not hold are loaded from its model directory
-//! ([`ModelDir`], SHA-256 checked before the first load), held models no longer assigned
-//! are unloaded. Without an assignment (none written, or removed with a stale heartbeat) it
-//! keeps what it holds, and [`PoolHandle::load`] / [`PoolHandle::unload`] drive it directly
-//! (tests, benchmarks, a local fleet). Every heartbeat it reports its memory, models and
-//! node cache in `{prefix}pool:{pool}:workers` ([`tidal_queue::PoolHeartbeat`]).
+//! ([`ModelDir`], models pinned to files first, [`PinnedModel`]; SHA-256 checked before the
+//! first load), held models no longer assigned are unloaded. Without an assignment (none
+//! written, or removed with a stale heartbeat) it keeps what it holds, and
+//! [`PoolHandle::load`] / [`PoolHandle::unload`] drive it directly (tests, benchmarks, a
+//! local fleet). Every heartbeat it reports its memory, models (with the completion tokens
+//! each delivered since its load) and node cache in `{prefix}pool:{pool}:workers`
+//! ([`tidal_queue::PoolHeartbeat`]).
 //!
-//! Memory: `memory_bytes` is what model weights may take (a model counts its file's size
-//! from the start of its load until its unload ends); a load that does not fit is refused.
-//! Unloaded models stay in the host's page cache ([`host_cache`]).
+//! Memory: `memory_bytes` is what the models may take. A model counts its memory plan's
+//! total (weights, KV cache and one step's activation buffers, worked out from its file's
+//! header and the engine settings) from the end of its plan until its unload ends, and its
+//! file's size while the plan is worked out; a load whose plan does not fit the memory left
+//! is refused before anything is allocated. Unloaded models stay in the host's page cache
+//! ([`host_cache`]).
 
 mod beat;
 pub mod host_cache;
+mod loading;
 pub mod model_dir;
+pub mod pinned;
 mod state;
 #[cfg(test)]
 mod tests;
 
 pub use model_dir::{ModelDir, ModelEntry};
+pub use pinned::PinnedModel;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -58,20 +66,35 @@ pub enum PoolError {
     /// The model directory has no file for this model.
     #[error("model {0:?} is not in the model directory")]
     NotInModelDir(String),
-    /// The file's SHA-256 is not the manifest's: it is never loaded.
-    #[error("model {model:?}: {path} has sha256 {got}, the manifest says {want}; not loaded")]
+    /// The file pinned to this model (`--pool-model`) or named by the manifest cannot be
+    /// read.
+    #[error("model {model:?}: its file {path} cannot be read: {reason}")]
+    FileUnreadable {
+        /// The model id.
+        model: String,
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The file's SHA-256 is not the one expected (`--pool-model-sha256` or the manifest's):
+    /// it is never loaded.
+    #[error("model {model:?}: {path} has sha256 {got}, expected {want}; not loaded")]
     Checksum {
         /// The model id.
         model: String,
         /// Its file.
         path: PathBuf,
-        /// The manifest's SHA-256.
+        /// The expected SHA-256.
         want: String,
         /// The file's.
         got: String,
     },
-    /// Its weights do not fit the memory left.
-    #[error("model {model:?} takes {bytes} bytes but only {free} of the worker's memory are free")]
+    /// Its weights, KV cache and activations do not fit the memory left.
+    #[error(
+        "model {model:?} takes {bytes} bytes (weights, KV cache and activations) but only \
+         {free} of the worker's memory are free"
+    )]
     DoesNotFit {
         /// The model id.
         model: String,
@@ -110,14 +133,14 @@ pub struct PoolConfig {
     pub engine: EngineConfig,
     /// Re-quantisation at load, as `--quantize`.
     pub quantize: Option<QuantizeTo>,
-    /// Memory model weights may take, bytes.
+    /// Memory the models may take, bytes: each one's weights, KV cache and activations.
     pub memory_bytes: u64,
     /// Bytes unloaded models may keep in the page cache (`None`: as the kernel decides).
     pub host_cache_bytes: Option<u64>,
 }
 
 impl PoolConfig {
-    /// A pool worker named `name` in `pool` with `memory_bytes` for weights; defaults
+    /// A pool worker named `name` in `pool` with `memory_bytes` for its models; defaults
     /// elsewhere ([`WorkerConfig::new`], [`EngineConfig::default`]).
     pub fn new(pool: impl Into<String>, name: impl Into<String>, memory_bytes: u64) -> Self {
         let pool = pool.into();

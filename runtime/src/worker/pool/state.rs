@@ -1,5 +1,7 @@
 //! The pool worker's loop: what it holds (loading, serving, unloading), the commands and
-//! assignment that change it, and the events of loads and drains that finish.
+//! assignment that change it, and the events of load steps and drains that finish. A load
+//! is two blocking steps ([`super::loading`]): its plan (checksum, then the memory it will
+//! take), checked here against the memory left, then the load itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -13,8 +15,8 @@ use tokio::time::{interval, MissedTickBehavior};
 
 use super::host_cache::HostCache;
 use super::model_dir::{ModelDir, ModelEntry};
-use super::{beat, Command, PoolConfig, PoolError, PoolSnapshot};
-use crate::load::{load_model, Loaded};
+use super::{beat, loading, Command, PoolConfig, PoolError, PoolSnapshot};
+use crate::load::Loaded;
 use crate::server::LoadedModel;
 use crate::worker::{AbortOnDrop, Worker, WorkerStatus, WorkerSummary};
 
@@ -24,6 +26,8 @@ type UnloadReply = oneshot::Sender<Result<WorkerSummary, PoolError>>;
 /// A model whose worker runs (serving, or draining for an unload).
 pub(super) struct Slot {
     pub entry: ModelEntry,
+    /// Memory it takes (its plan's weights, KV cache and activations).
+    pub bytes: u64,
     pub model: Arc<LoadedModel>,
     pub status: WorkerStatus,
     /// Sent to start the drain; `None` once sent.
@@ -33,30 +37,39 @@ pub(super) struct Slot {
     unload_waiters: Vec<UnloadReply>,
 }
 
+/// A model on its way in.
+pub(super) struct Loading {
+    entry: ModelEntry,
+    /// Memory reserved for it: the file's size while its plan is worked out (a first
+    /// estimate, so that loads started meanwhile count it), then the plan's total.
+    bytes: u64,
+    waiters: Vec<LoadReply>,
+    /// An unload asked for while loading: done as soon as the current step ends.
+    unload_waiters: Vec<UnloadReply>,
+    unload: bool,
+}
+
 /// Where a held model stands.
 pub(super) enum Held {
-    Loading {
-        entry: ModelEntry,
-        waiters: Vec<LoadReply>,
-        /// An unload asked for while loading: done as soon as the load ends.
-        unload_waiters: Vec<UnloadReply>,
-        unload: bool,
-    },
+    Loading(Loading),
     Serving(Slot),
     Unloading(Slot),
 }
 
 impl Held {
+    /// Memory it takes or has reserved.
     pub fn bytes(&self) -> u64 {
         match self {
-            Held::Loading { entry, .. } => entry.bytes,
-            Held::Serving(s) | Held::Unloading(s) => s.entry.bytes,
+            Held::Loading(l) => l.bytes,
+            Held::Serving(s) | Held::Unloading(s) => s.bytes,
         }
     }
 }
 
 /// Something that finished off the loop.
 enum Event {
+    /// A load's first step: the bytes the model will take.
+    Planned(String, Result<u64, PoolError>),
     Loaded(String, Box<Result<Loaded, PoolError>>),
     Stopped(String, WorkerSummary),
 }
@@ -132,7 +145,7 @@ impl Pool {
         }
     }
 
-    /// Memory that weights may still take.
+    /// Memory that models may still take.
     pub fn free_bytes(&self) -> u64 {
         let used: u64 = self.held.values().map(Held::bytes).sum();
         self.config.memory_bytes.saturating_sub(used)
@@ -273,8 +286,8 @@ impl Pool {
                 }
                 return;
             }
-            Some(Held::Loading { waiters, .. }) => {
-                waiters.extend(reply);
+            Some(Held::Loading(l)) => {
+                l.waiters.extend(reply);
                 return;
             }
             Some(Held::Unloading(_)) => {
@@ -289,16 +302,7 @@ impl Pool {
             Ok(e) => e,
             Err(e) => return self.fail(model, e, reply),
         };
-        let free = self.free_bytes();
-        if entry.bytes > free {
-            let e = PoolError::DoesNotFit {
-                model: model.to_owned(),
-                bytes: entry.bytes,
-                free,
-            };
-            return self.fail(model, e, reply);
-        }
-        tracing::info!(model, path = %entry.path.display(), bytes = entry.bytes, "loading");
+        tracing::info!(model, path = %entry.path.display(), file_bytes = entry.bytes, "loading");
         let (dir, engine, quantize) = (
             self.dir.clone(),
             self.config.engine.clone(),
@@ -306,25 +310,89 @@ impl Pool {
         );
         let events = self.events_tx.clone();
         let (id, job_entry) = (model.to_owned(), entry.clone());
-        // Not aborted on shutdown (a blocking load cannot be): its result is dropped.
+        // Not aborted on shutdown (a blocking step cannot be): its result is dropped.
         tokio::task::spawn_blocking(move || {
-            let loaded = dir.verify(&job_entry).and_then(|()| {
-                load_model(&job_entry.path, engine, quantize).map_err(|e| PoolError::Load {
-                    model: job_entry.model.clone(),
-                    reason: e.to_string(),
-                })
-            });
-            let _ = events.send(Event::Loaded(id, Box::new(loaded)));
+            let planned = loading::plan(&dir, &job_entry, &engine, quantize);
+            let _ = events.send(Event::Planned(id, planned));
         });
         self.held.insert(
             model.to_owned(),
-            Held::Loading {
+            Held::Loading(Loading {
+                bytes: entry.bytes,
                 entry,
                 waiters: reply.into_iter().collect(),
                 unload_waiters: Vec::new(),
                 unload: false,
-            },
+            }),
         );
+    }
+
+    /// A load's plan is done: refuse it when it does not fit the memory left (nothing is
+    /// allocated yet), else start its second step.
+    fn planned(&mut self, model: String, result: Result<u64, PoolError>) {
+        let Some(Held::Loading(mut l)) = self.held.remove(&model) else {
+            return;
+        };
+        // Its own reservation is already out of `held`.
+        let free = self.free_bytes();
+        let failed = match result {
+            Err(e) => Some(e),
+            Ok(bytes) if bytes > free => Some(PoolError::DoesNotFit {
+                model: model.clone(),
+                bytes,
+                free,
+            }),
+            Ok(bytes) => {
+                l.bytes = bytes;
+                None
+            }
+        };
+        // Unloaded or shut down meanwhile: the weights are not loaded at all.
+        let cancelled = (l.unload || self.draining || self.unassigned(&model)).then(|| {
+            if self.draining {
+                PoolError::Stopped
+            } else {
+                PoolError::Unloading(model.clone())
+            }
+        });
+        let refused = match (&failed, cancelled) {
+            (Some(e), _) => e.clone(),
+            (None, Some(e)) => e,
+            (None, None) => return self.load_weights(model, l),
+        };
+        for w in l.waiters {
+            let _ = w.send(Err(refused.clone()));
+        }
+        for w in l.unload_waiters {
+            let _ = w.send(Ok(WorkerSummary::default()));
+        }
+        if let Some(e) = failed {
+            self.fail(&model, e, None);
+        }
+    }
+
+    /// A load's second step: the weights into an engine, on a blocking thread.
+    fn load_weights(&mut self, model: String, l: Loading) {
+        tracing::info!(
+            model,
+            bytes = l.bytes,
+            "memory plan fits: loading the weights"
+        );
+        let (engine, quantize) = (self.config.engine.clone(), self.config.quantize);
+        let events = self.events_tx.clone();
+        let (id, entry) = (model.clone(), l.entry.clone());
+        tokio::task::spawn_blocking(move || {
+            let loaded = loading::load(&entry, engine, quantize);
+            let _ = events.send(Event::Loaded(id, Box::new(loaded)));
+        });
+        self.held.insert(model, Held::Loading(l));
+    }
+
+    /// Whether an assignment is followed and leaves `model` out.
+    fn unassigned(&self, model: &str) -> bool {
+        self.assignment
+            .as_ref()
+            .is_some_and(|a| !a.iter().any(|m| m == model))
     }
 
     /// Starts unloading `model`: its worker drains.
@@ -335,22 +403,10 @@ impl Pool {
                     let _ = r.send(Ok(WorkerSummary::default()));
                 }
             }
-            Some(Held::Loading {
-                entry,
-                waiters,
-                mut unload_waiters,
-                ..
-            }) => {
-                unload_waiters.extend(reply);
-                self.held.insert(
-                    model.to_owned(),
-                    Held::Loading {
-                        entry,
-                        waiters,
-                        unload_waiters,
-                        unload: true,
-                    },
-                );
+            Some(Held::Loading(mut l)) => {
+                l.unload_waiters.extend(reply);
+                l.unload = true;
+                self.held.insert(model.to_owned(), Held::Loading(l));
             }
             Some(Held::Serving(mut slot)) | Some(Held::Unloading(mut slot)) => {
                 if let Some(stop) = slot.stop.take() {
@@ -365,6 +421,7 @@ impl Pool {
 
     fn event(&mut self, event: Event) {
         match event {
+            Event::Planned(model, result) => self.planned(model, result),
             Event::Loaded(model, result) => self.loaded(model, *result),
             Event::Stopped(model, summary) => {
                 // Serving too: a worker that ended by itself is gone all the same.
@@ -390,12 +447,13 @@ impl Pool {
 
     /// A load ended: start the model's worker, or record why it failed.
     fn loaded(&mut self, model: String, result: Result<Loaded, PoolError>) {
-        let Some(Held::Loading {
+        let Some(Held::Loading(Loading {
             entry,
+            bytes,
             waiters,
             unload_waiters,
             unload,
-        }) = self.held.remove(&model)
+        })) = self.held.remove(&model)
         else {
             return;
         };
@@ -449,6 +507,7 @@ impl Pool {
             model.clone(),
             Held::Serving(Slot {
                 entry,
+                bytes,
                 model: lm,
                 status,
                 stop: Some(stop),
@@ -460,11 +519,7 @@ impl Pool {
         for w in waiters {
             let _ = w.send(Ok(seconds));
         }
-        let unassigned = self
-            .assignment
-            .as_ref()
-            .is_some_and(|a| !a.contains(&model));
-        if unload || unassigned || self.draining {
+        if unload || self.unassigned(&model) || self.draining {
             self.unload(&model, None);
         }
     }
@@ -477,7 +532,7 @@ impl Pool {
         view.unloading.clear();
         for (m, h) in &self.held {
             match h {
-                Held::Loading { .. } => view.loading.push(m.clone()),
+                Held::Loading(_) => view.loading.push(m.clone()),
                 Held::Serving(s) => view.loaded.push((m.clone(), s.status.clone())),
                 Held::Unloading(s) => view.unloading.push((m.clone(), s.status.clone())),
             }

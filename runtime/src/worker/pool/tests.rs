@@ -1,7 +1,8 @@
 //! The pool worker on the in-process broker with two generated models: follows its
 //! assignment, serves every model it holds, unloads a model with a job in flight without
-//! losing it, bills every segment to the right model, and refuses a file whose SHA-256
-//! differs from its manifest's.
+//! losing it, bills every segment to the right model, refuses a file whose SHA-256 differs
+//! from its manifest's, counts each model's delivered tokens and its whole memory (weights,
+//! KV cache, activations).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -75,7 +76,10 @@ struct Running {
 }
 
 fn start(dir: &Path, broker: Arc<dyn Broker>, memory_bytes: u64) -> Running {
-    let md = ModelDir::open(dir).unwrap();
+    start_with(ModelDir::open(dir).unwrap(), broker, memory_bytes)
+}
+
+fn start_with(md: ModelDir, broker: Arc<dyn Broker>, memory_bytes: u64) -> Running {
     let worker = PoolWorker::new(config(memory_bytes), md, broker).unwrap();
     let handle = worker.handle();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -298,4 +302,102 @@ async fn commands_load_and_unload_without_an_assignment() {
     h.unload("ns/a").await.unwrap();
     drop(pool.stop);
     let _ = pool.task.await;
+}
+
+/// The pool heartbeat once it satisfies `cond`.
+async fn beat_when(
+    b: &dyn Broker,
+    what: &str,
+    cond: impl Fn(&tidal_queue::PoolHeartbeat) -> bool,
+) -> tidal_queue::PoolHeartbeat {
+    let mut last = None;
+    wait_until(what, || {
+        last = futures::executor::block_on(b.pool_workers(POOL))
+            .unwrap()
+            .into_iter()
+            .next();
+        last.as_ref().is_some_and(&cond)
+    })
+    .await;
+    last.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_beat_counts_each_models_delivered_tokens() {
+    let dir = model_dir();
+    // Pinned as `--pool-model ns/p=a.gguf` would, over the manifest.
+    let pinned = vec![PinnedModel {
+        model: "ns/p".into(),
+        path: "a.gguf".into(),
+        sha256: Some(sha256_file(&dir.path().join("a.gguf")).unwrap()),
+    }];
+    let md = ModelDir::with_pinned(dir.path(), pinned).unwrap();
+    let b: Arc<dyn Broker> = Arc::new(MemoryBroker::default());
+    let pool = start_with(md, b.clone(), 1 << 30);
+    let h = pool.handle.clone();
+    h.load("ns/p").await.unwrap();
+    h.load("ns/b").await.unwrap();
+    let j = job("ns/p", 9);
+    b.enqueue(&j).await.unwrap();
+    assert_eq!(assert_complete(&read_to_end(&*b, j.id).await), 9);
+    let tokens = |beat: &tidal_queue::PoolHeartbeat, m: &str| {
+        beat.loaded
+            .iter()
+            .find(|l| l.model == m)
+            .map(|l| l.tokens_delivered)
+    };
+    let beat = beat_when(&*b, "p's tokens", |w| tokens(w, "ns/p") == Some(9)).await;
+    assert_eq!(tokens(&beat, "ns/b"), Some(0), "{beat:?}");
+    // Loaded again, the model counts from zero.
+    h.unload("ns/p").await.unwrap();
+    h.load("ns/p").await.unwrap();
+    let reloaded = tidal_queue::clock::system_now_ms();
+    let beat = beat_when(&*b, "p again", |w| w.last_seen_ms > reloaded).await;
+    assert_eq!(tokens(&beat, "ns/p"), Some(0), "{beat:?}");
+    drop(pool.stop);
+    let _ = pool.task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_takes_its_weights_kv_cache_and_activations() {
+    let dir = model_dir();
+    let a = dir.path().join("a.gguf");
+    let engine = config(0).engine;
+    let total = super::loading::footprint("ns/a", &a, &engine, None).unwrap();
+    let file = std::fs::metadata(&a).unwrap().len();
+    // The KV cache alone is larger than the file: counting the file would let it in.
+    assert!(
+        total > file + engine.kv_cache_memory as u64 / 2,
+        "{total} {file}"
+    );
+    let b: Arc<dyn Broker> = Arc::new(MemoryBroker::default());
+
+    // One byte short: refused before anything is allocated, and reported.
+    let short = start(dir.path(), b.clone(), total - 1);
+    match short.handle.load("ns/a").await {
+        Err(PoolError::DoesNotFit { bytes, free, .. }) => {
+            assert_eq!((bytes, free), (total, total - 1));
+        }
+        other => panic!("{other:?}"),
+    }
+    let s = short.handle.snapshot();
+    assert!(s.loaded.is_empty() && s.loading.is_empty(), "{s:?}");
+    drop(short.stop);
+    let _ = short.task.await;
+
+    // Exactly enough: it loads, counts its total, and leaves no room for another.
+    let exact = start(dir.path(), b.clone(), total);
+    exact.handle.load("ns/a").await.unwrap();
+    let beat = beat_when(&*b, "a loaded", |w| w.loaded.len() == 1).await;
+    assert_eq!(beat.loaded[0].bytes, total);
+    assert_eq!(
+        (beat.memory_total_bytes, beat.memory_free_bytes),
+        (total, 0)
+    );
+    let e = exact.handle.load("ns/b").await.unwrap_err();
+    assert!(matches!(e, PoolError::DoesNotFit { free: 0, .. }), "{e}");
+    assert!(e.to_string().contains("KV cache"), "{e}");
+    assert_eq!(exact.handle.snapshot().loaded, ["ns/a"]);
+    drop(exact.stop);
+    let _ = exact.task.await;
 }

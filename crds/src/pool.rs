@@ -53,8 +53,9 @@ pub struct ModelPoolSpec {
     /// Resources of one worker.
     #[serde(default)]
     pub resources: Resources,
-    /// Device memory of one worker that model weights may use, bytes (the rest is its KV
-    /// cache and activations); the placement packs models into it.
+    /// Device memory of one worker that its models may use, bytes: each loaded model's
+    /// weights, KV cache (the worker's `--kv-cache-memory`) and activations; the placement
+    /// packs models into it, and the worker refuses a load that would not fit.
     #[schemars(range(min = 1))]
     pub worker_memory_bytes: u64,
     /// A model loaded on a worker with no work there and none queued for this long is

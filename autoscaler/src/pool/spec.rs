@@ -12,8 +12,8 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PoolSpec {
-    /// Device memory of one worker that model weights may use, bytes (the rest is its KV
-    /// cache and activations).
+    /// Device memory of one worker that its models may use, bytes: each model's weights,
+    /// KV cache and activations.
     pub worker_memory_bytes: u64,
     /// A model loaded on a worker with no work there and none queued for this long is
     /// unloaded (its memory is then free without an eviction).
@@ -29,7 +29,7 @@ pub struct PoolSpec {
 impl Default for PoolSpec {
     fn default() -> Self {
         Self {
-            // an 80 GiB device with a quarter left to KV cache and activations
+            // an 80 GiB device, less the runtime's own buffers and headroom
             worker_memory_bytes: 60 << 30,
             idle_unload_after: Duration::from_secs(60),
             workers: ScalingSpec::default(),

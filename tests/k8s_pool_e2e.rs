@@ -147,12 +147,16 @@ async fn one_pool_worker_serves_three_models_in_turn_without_a_pod_start() {
     stack.create_pool(pool()).await;
     // the pool's floor of one worker starts with every Model's file (a Model the pool's
     // cache saw late rolls the pods once more); its worker heartbeats before the pod is Ready
-    let worker = eventually("the pool's worker Ready with the three models", LIMIT, || async {
-        let running = workers.running();
-        let beats = stack.broker.pool_workers(&pool_id).await.ok()?;
-        let beat = beats.iter().find(|b| running == vec![b.worker.clone()])?;
-        (beat.cached.len() == MODELS.len()).then(|| beat.worker.clone())
-    })
+    let worker = eventually(
+        "the pool's worker Ready with the three models",
+        LIMIT,
+        || async {
+            let running = workers.running();
+            let beats = stack.broker.pool_workers(&pool_id).await.ok()?;
+            let beat = beats.iter().find(|b| running == vec![b.worker.clone()])?;
+            (beat.cached.len() == MODELS.len()).then(|| beat.worker.clone())
+        },
+    )
     .await;
     for name in MODELS {
         stack.wait_published(name).await;
@@ -173,13 +177,17 @@ async fn one_pool_worker_serves_three_models_in_turn_without_a_pod_start() {
             sent.elapsed().as_secs_f64()
         );
         // its heartbeat (every second) shows the model loaded until it idles out
-        eventually(&format!("{id} loaded on {worker}"), Duration::from_secs(4), || async {
-            let now_held = held(&stack, &pool_id).await;
-            now_held
-                .iter()
-                .any(|(w, models)| w == &worker && models.contains(&id))
-                .then_some(())
-        })
+        eventually(
+            &format!("{id} loaded on {worker}"),
+            Duration::from_secs(4),
+            || async {
+                let now_held = held(&stack, &pool_id).await;
+                now_held
+                    .iter()
+                    .any(|(w, models)| w == &worker && models.contains(&id))
+                    .then_some(())
+            },
+        )
         .await;
         // the pool's status shows the worker and what it holds
         let status = eventually(

@@ -489,6 +489,9 @@ fn sampled_tokens_follow_the_target_distribution() {
                 ngram_min: 1,
                 // 50 requests at a time, every one speculating.
                 max_running: 64,
+                // A fixed, cheap price: this test is about the distribution, and a curve
+                // measured on a busy machine may price every proposal out.
+                verify_cost: Some(0.1),
                 ..SpeculativeConfig::default()
             },
             ..EngineConfig::default()

@@ -31,26 +31,32 @@ async fn controller_follows_the_queue_on_a_real_cluster() {
     let ns = format!("tidal-e2e-{}", std::process::id());
     let prefix = format!("tidal-e2e-{}:", std::process::id());
 
+    // both CRDs, as the chart installs them: the controller watches ModelPools too
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.patch(
-        "models.tidal.dev",
-        &PatchParams::apply("tidal-e2e").force(),
-        &Patch::Apply(tidal_crds::crd()),
-    )
-    .await
-    .expect("apply the CRD");
-    eventually("the CRD to be established", Duration::from_secs(60), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get("models.tidal.dev").await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    for (name, crd) in [
+        ("models.tidal.dev", tidal_crds::crd()),
+        ("modelpools.tidal.dev", tidal_crds::pool_crd()),
+    ] {
+        crds.patch(
+            name,
+            &PatchParams::apply("tidal-e2e").force(),
+            &Patch::Apply(crd),
+        )
+        .await
+        .expect("apply the CRD");
+        eventually("the CRD to be established", Duration::from_secs(60), || {
+            let crds = crds.clone();
+            async move {
+                let crd = crds.get(name).await.ok()?;
+                crd.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
     namespaces

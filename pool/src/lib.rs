@@ -7,7 +7,7 @@
 //! 2. reads each model's queue;
 //! 3. plans ([`observe`] turns the records into what the placement reads);
 //! 4. writes the assignment of each worker whose models change ([`assign`]); the workers
-//!    load and unload at their next heartbeat;
+//!    load and unload when they next read it (every 200 ms);
 //! 5. splits each worker's time since the previous tick across the models it served
 //!    ([`share`]), for the fleet-time ledger.
 //!

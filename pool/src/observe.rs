@@ -43,7 +43,7 @@ pub fn memory_of(model: &str, beats: &[PoolHeartbeat]) -> u64 {
 
 /// A worker as the placement reads it, or `None` for one that is shutting down (it claims
 /// nothing and is about to go). Models in its written `assignment` that it neither holds,
-/// nor is unloading, nor failed to load, are still to be loaded at its next heartbeat:
+/// nor is unloading, nor failed to load, are still to be loaded when it next reads it:
 /// they count as loading, with their memory taken, so that no second worker is given them.
 pub fn worker_state(
     beat: &PoolHeartbeat,

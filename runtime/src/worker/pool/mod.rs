@@ -12,7 +12,7 @@
 //! Loads run on blocking threads, so the other models keep serving meanwhile.
 //!
 //! What the worker holds follows its assignment (`{prefix}pool:{pool}:assign`), read every
-//! heartbeat: assigned models it does not hold are loaded from its model directory
+//! [`ASSIGNMENT_POLL`]: assigned models it does not hold are loaded from its model directory
 //! ([`ModelDir`], models pinned to files first, [`PinnedModel`]; SHA-256 checked before the
 //! first load), held models no longer assigned are unloaded. Without an assignment (none
 //! written, or removed with a stale heartbeat) it keeps what it holds, and
@@ -43,6 +43,7 @@ pub use pinned::PinnedModel;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tidal_queue::Broker;
 use tokio::sync::{mpsc, oneshot};
@@ -137,7 +138,14 @@ pub struct PoolConfig {
     pub memory_bytes: u64,
     /// Bytes unloaded models may keep in the page cache (`None`: as the kernel decides).
     pub host_cache_bytes: Option<u64>,
+    /// How often the worker reads its assignment ([`ASSIGNMENT_POLL`]): a model assigned
+    /// to it waits up to this long before its load starts.
+    pub assignment_poll: Duration,
 }
+
+/// How often a pool worker reads its assignment by default: one small read, well below
+/// the time a load takes, so that the swap-in is the load and not the wait for it.
+pub const ASSIGNMENT_POLL: Duration = Duration::from_millis(200);
 
 impl PoolConfig {
     /// A pool worker named `name` in `pool` with `memory_bytes` for its models; defaults
@@ -152,6 +160,7 @@ impl PoolConfig {
             quantize: None,
             memory_bytes,
             host_cache_bytes: None,
+            assignment_poll: ASSIGNMENT_POLL,
         }
     }
 
@@ -162,6 +171,11 @@ impl PoolConfig {
         if self.memory_bytes == 0 {
             return Err(PoolError::Config(
                 "the worker memory must be above zero".into(),
+            ));
+        }
+        if self.assignment_poll.is_zero() {
+            return Err(PoolError::Config(
+                "the assignment poll interval must be above zero".into(),
             ));
         }
         self.worker_config("m")
@@ -210,7 +224,7 @@ pub struct PoolHandle {
 impl PoolHandle {
     /// Loads `model` from the model directory and starts serving it; returns the seconds
     /// the load took once its worker claims. An assignment written for this worker
-    /// overrides what commands did at its next beat.
+    /// overrides what commands did when the worker next reads it.
     pub async fn load(&self, model: &str) -> Result<f64, PoolError> {
         let (tx, rx) = oneshot::channel();
         self.commands

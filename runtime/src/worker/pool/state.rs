@@ -158,6 +158,8 @@ impl Pool {
         let mut shutdown = std::pin::pin!(shutdown.fuse());
         let mut beat = interval(self.config.worker.heartbeat_interval);
         beat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut poll = interval(self.config.assignment_poll);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut commands_open = true;
         tracing::info!(
             pool = %self.config.pool,
@@ -174,10 +176,8 @@ impl Pool {
                     None => commands_open = false,
                 },
                 Some(event) = self.events.recv() => self.event(event),
-                _ = beat.tick() => {
-                    self.follow_assignment().await;
-                    beat::write(&mut self).await;
-                }
+                _ = poll.tick() => self.follow_assignment().await,
+                _ = beat.tick() => beat::write(&mut self).await,
             }
             self.publish();
         }

@@ -1,6 +1,8 @@
-//! The real [`Launcher`]: loads a GGUF model into an engine on a blocking thread and runs a
-//! queue worker on it ([`tidal_runtime::worker::Worker`]); stopping drains the worker and
-//! drops the engine, which frees the KV memory and unmaps the weights.
+//! The real [`Launcher`]s: [`RuntimeLauncher`] loads a GGUF model into an engine on a
+//! blocking thread and runs a queue worker on it ([`tidal_runtime::worker::Worker`]);
+//! stopping drains the worker and drops the engine, which frees the KV memory and unmaps the
+//! weights. [`PoolLauncher`] runs a pool worker ([`PoolWorker`]) that loads the models it is
+//! assigned.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,6 +14,7 @@ use tidal_queue::Broker;
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::load::load_model;
 use tidal_runtime::model::QuantizeTo;
+use tidal_runtime::worker::pool::{ModelDir, PinnedModel, PoolConfig, PoolWorker};
 use tidal_runtime::worker::{ClaimBudget, Worker, WorkerConfig};
 use tokio::sync::{oneshot, watch};
 
@@ -105,6 +108,80 @@ impl Launcher for RuntimeLauncher {
             ?summary,
             "worker drained; model unloaded"
         );
+        Ok(())
+    }
+}
+
+/// Starts in-process pool workers (`tidal up --pool-memory`): each holds the models its
+/// assignment names, loaded from their verified files ([`PinnedModel`]), and loads or
+/// unloads one without restarting.
+pub struct PoolLauncher {
+    broker: Arc<dyn Broker>,
+    /// The pool's model directory (only the pinned files are read from it).
+    dir: PathBuf,
+    models: Vec<PinnedModel>,
+    engine: EngineConfig,
+    quantize: Option<QuantizeTo>,
+    memory_bytes: u64,
+    drain_timeout: Duration,
+    claim_timeout: Duration,
+}
+
+impl PoolLauncher {
+    /// A launcher of pool workers that may load `models` (ids and files), each worker's
+    /// models taking at most `memory_bytes`, serving `broker`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        broker: Arc<dyn Broker>,
+        dir: PathBuf,
+        models: Vec<PinnedModel>,
+        engine: EngineConfig,
+        quantize: Option<QuantizeTo>,
+        memory_bytes: u64,
+        drain_timeout: Duration,
+        claim_timeout: Duration,
+    ) -> Self {
+        Self {
+            broker,
+            dir,
+            models,
+            engine,
+            quantize,
+            memory_bytes,
+            drain_timeout,
+            claim_timeout,
+        }
+    }
+}
+
+#[async_trait]
+impl Launcher for PoolLauncher {
+    async fn run(
+        &self,
+        pool: &str,
+        name: &str,
+        ready: oneshot::Sender<Duration>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), LaunchError> {
+        let started = Instant::now();
+        let mut config = PoolConfig::new(pool, name, self.memory_bytes);
+        config.worker.drain_timeout = self.drain_timeout;
+        config.worker.claim_timeout = self.claim_timeout;
+        config.engine = self.engine.clone();
+        config.quantize = self.quantize;
+        config.node = "local".into();
+        let dir = ModelDir::with_pinned(&self.dir, self.models.clone())
+            .map_err(|e| LaunchError(e.to_string()))?;
+        let worker = PoolWorker::new(config, dir, self.broker.clone())
+            .map_err(|e| LaunchError(e.to_string()))?;
+        // it holds nothing yet: ready at once, its models load on assignment
+        let _ = ready.send(started.elapsed());
+        let summaries = worker
+            .run(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await;
+        tracing::info!(pool, worker = name, ?summaries, "pool worker drained");
         Ok(())
     }
 }

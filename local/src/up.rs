@@ -38,8 +38,10 @@ use tokio::sync::watch;
 
 use crate::credentials::{self, Credentials};
 use crate::fetch::{self, FetchConfig};
-use crate::fleet::{Fleet, FleetConfig, FleetModel, FleetStatus, ModelStatus};
-use crate::launcher::{LaunchSpec, RuntimeLauncher};
+use crate::fleet::{Fleet, FleetConfig, FleetModel, FleetStatus, ModelStatus, PoolFleet};
+use crate::launcher::{LaunchSpec, PoolLauncher, RuntimeLauncher};
+use tidal_autoscaler::pool::PoolSpec;
+use tidal_runtime::worker::pool::PinnedModel;
 use crate::source::ModelSource;
 
 /// Everything `tidal up` can be told.
@@ -63,8 +65,12 @@ pub struct UpConfig {
     pub engine: EngineConfig,
     /// Re-quantise weights at load.
     pub quantize: Option<QuantizeTo>,
-    /// Scaling of every model (scale-to-zero idle time, max workers, ...).
+    /// Scaling of every model (scale-to-zero idle time, max workers, ...); with `pool`,
+    /// of the pool's workers.
     pub scaling: ScalingSpec,
+    /// Serve every model from one warm pool of workers that load and unload models on
+    /// demand (`--pool-memory`) instead of a fleet per model.
+    pub pool: Option<UpPool>,
     /// Prices of every model, micro-units per million tokens.
     pub prices: Prices,
     /// Longest a request waits for a worker (cold start included) before a 503.
@@ -78,6 +84,15 @@ pub struct UpConfig {
     pub claim_budget: tidal_runtime::worker::ClaimBudget,
     /// Renders `/metrics`.
     pub prometheus: Option<PrometheusHandle>,
+}
+
+/// The local model pool (`tidal up --pool-memory`).
+#[derive(Debug, Clone)]
+pub struct UpPool {
+    /// What one worker's models may take (weights, KV cache, activations), bytes.
+    pub worker_memory_bytes: u64,
+    /// A model idle on a worker this long is unloaded.
+    pub idle_unload_after: Duration,
 }
 
 /// What the CLI prints once the platform is up.
@@ -239,24 +254,59 @@ pub async fn run(
             },
         );
     }
-    let launcher = Arc::new(
-        RuntimeLauncher::new(
-            broker.clone(),
-            launch,
-            config.drain_timeout,
-            Duration::from_secs(30),
-        )
-        .with_claim_budget(config.claim_budget),
-    );
-    let fleet = Fleet::new(
-        broker.clone(),
-        launcher,
-        fleet_models,
-        FleetConfig {
-            shutdown_timeout: config.drain_timeout + Duration::from_secs(30),
-            ..FleetConfig::default()
-        },
-    );
+    let fleet_config = FleetConfig {
+        shutdown_timeout: config.drain_timeout + Duration::from_secs(30),
+        ..FleetConfig::default()
+    };
+    let fleet = match &config.pool {
+        None => {
+            let launcher = Arc::new(
+                RuntimeLauncher::new(
+                    broker.clone(),
+                    launch,
+                    config.drain_timeout,
+                    Duration::from_secs(30),
+                )
+                .with_claim_budget(config.claim_budget),
+            );
+            Fleet::new(broker.clone(), launcher, fleet_models, fleet_config)
+        }
+        Some(pool) => {
+            let spec = PoolSpec {
+                worker_memory_bytes: pool.worker_memory_bytes,
+                idle_unload_after: pool.idle_unload_after,
+                workers: config.scaling.clone(),
+            };
+            spec.validate()
+                .map_err(|e| UpError::Task(format!("pool settings: {e}")))?;
+            let pinned = resolved
+                .iter()
+                .map(|(name, path, _)| PinnedModel {
+                    model: name.clone(),
+                    path: path.clone(),
+                    sha256: None,
+                })
+                .collect();
+            let launcher = Arc::new(PoolLauncher::new(
+                broker.clone(),
+                config.data_dir.clone(),
+                pinned,
+                config.engine.clone(),
+                config.quantize,
+                pool.worker_memory_bytes,
+                config.drain_timeout,
+                Duration::from_secs(30),
+            ));
+            let runtime_launcher = Arc::new(RuntimeLauncher::new(
+                broker.clone(),
+                HashMap::new(),
+                config.drain_timeout,
+                Duration::from_secs(30),
+            ));
+            Fleet::new(broker.clone(), runtime_launcher, Vec::new(), fleet_config)
+                .with_pool(PoolFleet::new(fleet_models, spec, launcher))
+        }
+    };
     let fleet_status = fleet.status();
 
     let gateway = Gateway::new(

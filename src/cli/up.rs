@@ -11,7 +11,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use tidal_autoscaler::{FloorWindow, ScalingSpec};
 use tidal_local::fetch::FetchConfig;
 use tidal_local::source::ModelSource;
-use tidal_local::up::{self, Started, UpConfig};
+use tidal_local::up::{self, Started, UpConfig, UpPool};
 use tidal_queue::Prices;
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::model::QuantizeTo;
@@ -81,9 +81,20 @@ pub struct UpArgs {
     /// out): the workers stay loaded while the window holds. Repeat for more windows.
     #[arg(long = "floor-window", value_name = "WINDOW")]
     pub floor_windows: Vec<FloorWindow>,
-    /// Most workers per model (each loads its own copy of the model).
+    /// Most workers per model (each loads its own copy of the model); with --pool-memory,
+    /// most workers of the pool.
     #[arg(long, default_value_t = 1)]
     pub max_workers: u32,
+    /// Serve every model from one warm pool of workers instead of a fleet per model: each
+    /// worker holds the models with traffic, up to this much memory for their weights, KV
+    /// caches and activations (e.g. 8GiB), loads a model when a request for it arrives and
+    /// unloads it after --pool-idle-unload-after idle; the pool scales with the models'
+    /// summed demand (--min-workers, --max-workers, --scale-to-zero-after apply to it).
+    #[arg(long, value_parser = parse_bytes)]
+    pub pool_memory: Option<usize>,
+    /// A model idle on a pool worker this long is unloaded (it stays in the page cache).
+    #[arg(long, default_value = "1m", value_parser = parse_duration, requires = "pool_memory")]
+    pub pool_idle_unload_after: Duration,
     /// Queued plus running requests one worker is sized for.
     #[arg(long, default_value_t = 32.0)]
     pub target_in_flight: f64,
@@ -181,6 +192,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         },
         quantize: args.quantize,
         scaling,
+        pool: args.pool_memory.map(|bytes| UpPool {
+            worker_memory_bytes: bytes as u64,
+            idle_unload_after: args.pool_idle_unload_after,
+        }),
         prices: Prices {
             currency: args.currency,
             input_per_mtok_micros: args.input_price,

@@ -8,9 +8,11 @@
 //! One process has one kind of capacity, so models run in `OnDemand` mode.
 
 mod launcher;
+pub mod pool;
 mod worker_slot;
 
 pub use launcher::{LaunchError, Launcher};
+pub use pool::{PoolFleet, LOCAL_POOL};
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -106,6 +108,7 @@ pub struct Fleet {
     launcher: Arc<dyn Launcher>,
     config: FleetConfig,
     slots: Vec<Slot>,
+    pool: Option<PoolFleet>,
     status: FleetStatus,
     started: Instant,
     wall_clock_at_start: u64,
@@ -159,10 +162,17 @@ impl Fleet {
             launcher,
             config,
             slots,
+            pool: None,
             status: FleetStatus::default(),
             started: Instant::now(),
             wall_clock_at_start,
         }
+    }
+
+    /// Serves `pool`'s models from a pool of workers besides the models of their own.
+    pub fn with_pool(mut self, pool: PoolFleet) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// Handle for reading the fleet's status while it runs.
@@ -200,12 +210,19 @@ impl Fleet {
                     continue;
                 }
             };
-            reap_finished(&mut self.slots[i]).await;
+            let slot = &mut self.slots[i];
+            reap_finished(&slot.model.record.id, &mut slot.workers).await;
             self.reconcile(i, depth, now);
             self.publish(i).await;
         }
+        if let Some(pool) = &mut self.pool {
+            pool.tick(self.broker.as_ref(), SystemTime::now()).await;
+        }
         if let Ok(mut s) = self.status.0.lock() {
             *s = self.slots.iter().map(|s| s.status.clone()).collect();
+            if let Some(pool) = &self.pool {
+                s.extend(pool.status.iter().cloned());
+            }
         }
     }
 
@@ -251,27 +268,15 @@ impl Fleet {
         // the same `tidal_autoscaler_*` series as the controller's, so one dashboard fits both
         telemetry::record(&id, &observed, &decision);
         let desired = decision.on_demand.saturating_add(decision.spot);
-        let active = slot.workers.iter().filter(|w| w.is_active()).count() as u32;
-        if desired > active {
-            for _ in active..desired {
-                let name = format!("local-{}-{}", sanitize(&id), slot.next_worker);
-                slot.next_worker += 1;
-                tracing::info!(model = %id, worker = %name, reason = %decision.reason, backlog = depth.backlog, "starting worker");
-                slot.workers.push(spawn_worker(launcher.clone(), &id, name));
-            }
-        } else if desired < active {
-            // Drain the ones still loading first (they serve nobody), then the newest.
-            let mut to_stop = active - desired;
-            for phase in [Phase::Starting, Phase::Ready] {
-                for w in slot.workers.iter_mut().rev() {
-                    if to_stop > 0 && w.phase == phase {
-                        tracing::info!(model = %id, worker = %w.name, reason = %decision.reason, "stopping worker");
-                        w.request_stop();
-                        to_stop -= 1;
-                    }
-                }
-            }
-        }
+        tracing::debug!(model = %id, backlog = depth.backlog, desired, "policy");
+        scale_workers(
+            &mut slot.workers,
+            &mut slot.next_worker,
+            desired,
+            &launcher,
+            &id,
+            &decision.reason.to_string(),
+        );
         let (ready, starting, stopping) = (
             count_phase(&slot.workers, Phase::Ready),
             count_phase(&slot.workers, Phase::Starting),
@@ -336,6 +341,9 @@ impl Fleet {
         for i in 0..self.slots.len() {
             self.publish(i).await;
         }
+        if let Some(pool) = &mut self.pool {
+            pool.stop(self.broker.as_ref(), deadline).await;
+        }
     }
 }
 
@@ -344,15 +352,14 @@ fn count_phase(workers: &[WorkerSlot], phase: Phase) -> u32 {
 }
 
 /// Drops workers whose task returned, logging failures (the policy starts replacements).
-async fn reap_finished(slot: &mut Slot) {
-    let id = &slot.model.record.id;
+async fn reap_finished(id: &str, workers: &mut Vec<WorkerSlot>) {
     let mut i = 0;
-    while i < slot.workers.len() {
-        if !slot.workers[i].is_finished() {
+    while i < workers.len() {
+        if !workers[i].is_finished() {
             i += 1;
             continue;
         }
-        let w = slot.workers.swap_remove(i);
+        let w = workers.swap_remove(i);
         let expected = w.phase == Phase::Stopping;
         let name = w.name.clone();
         // The task is finished, so this join returns at once.
@@ -360,6 +367,39 @@ async fn reap_finished(slot: &mut Slot) {
             Ok(()) if expected => tracing::info!(model = %id, worker = %name, "worker stopped"),
             Ok(()) => tracing::warn!(model = %id, worker = %name, "worker exited unasked"),
             Err(e) => tracing::error!(model = %id, worker = %name, error = %e, "worker failed"),
+        }
+    }
+}
+
+/// Starts or drains workers of `id` until `desired` are active: new ones named
+/// `local-{id}-{n}`; drained ones those still loading first (they serve nobody), then the
+/// newest.
+fn scale_workers(
+    workers: &mut Vec<WorkerSlot>,
+    next_worker: &mut u32,
+    desired: u32,
+    launcher: &Arc<dyn Launcher>,
+    id: &str,
+    reason: &str,
+) {
+    let active = workers.iter().filter(|w| w.is_active()).count() as u32;
+    if desired > active {
+        for _ in active..desired {
+            let name = format!("local-{}-{}", sanitize(id), next_worker);
+            *next_worker += 1;
+            tracing::info!(model = %id, worker = %name, %reason, "starting worker");
+            workers.push(spawn_worker(launcher.clone(), id, name));
+        }
+    } else if desired < active {
+        let mut to_stop = active - desired;
+        for phase in [Phase::Starting, Phase::Ready] {
+            for w in workers.iter_mut().rev() {
+                if to_stop > 0 && w.phase == phase {
+                    tracing::info!(model = %id, worker = %w.name, %reason, "stopping worker");
+                    w.request_stop();
+                    to_stop -= 1;
+                }
+            }
         }
     }
 }

@@ -383,3 +383,94 @@ async fn decoding_jobs_weigh_the_decoding_weight() {
         );
     }
 }
+
+/// A pool of two models: a queued request starts one pool worker (both models publish its
+/// state), and once the worker reports, the model with work is assigned to it.
+#[tokio::test(start_paused = true)]
+async fn a_pool_starts_a_worker_for_queued_work_and_assigns_the_model_to_it() {
+    let broker = Arc::new(MemoryBroker::default());
+    let launcher = FakeLauncher::new(Duration::from_millis(100));
+    let models = vec![
+        FleetModel {
+            record: record("a"),
+            spec: spec(Duration::from_secs(30)),
+        },
+        FleetModel {
+            record: record("b"),
+            spec: spec(Duration::from_secs(30)),
+        },
+    ];
+    let pool_spec = tidal_autoscaler::pool::PoolSpec {
+        worker_memory_bytes: 1 << 30,
+        idle_unload_after: Duration::from_secs(60),
+        workers: spec(Duration::from_secs(30)),
+    };
+    let mut fleet = Fleet::new(
+        broker.clone(),
+        launcher.clone(),
+        Vec::new(),
+        FleetConfig::default(),
+    )
+    .with_pool(PoolFleet::new(models, pool_spec, launcher.clone()));
+    tick(&mut fleet).await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 0, "idle: no worker");
+    assert_eq!(
+        broker.model("a").await.unwrap().unwrap().state,
+        ModelState::ScaledToZero
+    );
+
+    broker.enqueue(&job("a")).await.unwrap();
+    tick(&mut fleet).await;
+    assert_eq!(launcher.started.load(Ordering::SeqCst), 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tick(&mut fleet).await;
+    for m in ["a", "b"] {
+        assert_eq!(
+            broker.model(m).await.unwrap().unwrap().state,
+            ModelState::Ready,
+            "model {m}"
+        );
+    }
+
+    // the worker's heartbeat: nothing loaded, both files in its cache
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let beat = tidal_queue::PoolHeartbeat {
+        worker: "local-local-1".into(),
+        pool: LOCAL_POOL.into(),
+        node: "local".into(),
+        capacity_type: tidal_queue::CapacityType::OnDemand,
+        memory_total_bytes: 1 << 30,
+        memory_free_bytes: 1 << 30,
+        loaded: Vec::new(),
+        loading: Vec::new(),
+        unloading: Vec::new(),
+        cached: ["a", "b"]
+            .iter()
+            .map(|m| tidal_queue::CachedModel {
+                model: (*m).into(),
+                bytes: 100 << 20,
+                sha256: None,
+                warm: true,
+            })
+            .collect(),
+        failed: Vec::new(),
+        draining: false,
+        last_seen_ms: now_ms,
+    };
+    broker.pool_heartbeat(&beat).await.unwrap();
+    tick(&mut fleet).await;
+    assert_eq!(
+        broker
+            .pool_assignment(LOCAL_POOL, "local-local-1")
+            .await
+            .unwrap(),
+        Some(vec!["a".to_string()])
+    );
+    let status = fleet.status().snapshot();
+    assert_eq!(status.len(), 2);
+    assert_eq!((status[0].id.as_str(), status[0].backlog), ("a", 1));
+    assert_eq!(status[0].desired, 1);
+    assert_eq!(status[1].desired, 0);
+}

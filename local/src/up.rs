@@ -40,9 +40,9 @@ use crate::credentials::{self, Credentials};
 use crate::fetch::{self, FetchConfig};
 use crate::fleet::{Fleet, FleetConfig, FleetModel, FleetStatus, ModelStatus, PoolFleet};
 use crate::launcher::{LaunchSpec, PoolLauncher, RuntimeLauncher};
+use crate::source::ModelSource;
 use tidal_autoscaler::pool::PoolSpec;
 use tidal_runtime::worker::pool::PinnedModel;
-use crate::source::ModelSource;
 
 /// Everything `tidal up` can be told.
 #[derive(Debug, Clone)]

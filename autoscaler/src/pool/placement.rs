@@ -15,7 +15,8 @@
 //!   there for `idleUnloadAfter`, or to make room (least recently used first).
 //! - **Workers**: [`decide`] on the pool's summed demand under `workers`, never below what
 //!   the models that want a holder (with work, or idle for less than `idleUnloadAfter`)
-//!   need by memory ([`workers_needed`]; the highest of the stable window), nor below the ready workers
+//!   need by memory ([`workers_needed`]; the highest of the stable window while any model
+//!   wants a holder), nor below the ready workers
 //!   plus what the models placed nowhere need, so that a model with work is either placed or
 //!   the count rises (up to `maxReplicas`; beyond it, [`Condition::AtMaxWorkers`]).
 
@@ -283,13 +284,19 @@ pub fn plan(obs: &PoolObserved, spec: &PoolSpec, state: &mut PoolState, now: Dur
     }
 }
 
-/// The highest of `floor` and the floors of the trailing `window`, kept in `recent`.
+/// The highest of `floor` and the floors of the trailing `window`, kept in `recent`; zero
+/// at once when no model wants a holder any more (there is nothing to keep room for: the
+/// worker count's own windows and scale to zero take over).
 fn held_floor(
     recent: &mut VecDeque<(Duration, u32)>,
     floor: u32,
     now: Duration,
     window: Duration,
 ) -> u32 {
+    if floor == 0 {
+        recent.clear();
+        return 0;
+    }
     while recent.front().is_some_and(|(t, _)| *t + window <= now) {
         recent.pop_front();
     }

@@ -565,3 +565,22 @@ fn random_pools_keep_the_invariants() {
         assert!(p.workers.serving >= p.memory_floor.min(sp.max_workers()));
     }
 }
+
+#[test]
+fn the_memory_floor_goes_once_no_model_wants_a_holder() {
+    let sp = spec();
+    let mut st = PoolState::new(&sp);
+    let busy = pool(vec![model("a", 1, 0, 10)], vec![]);
+    assert_eq!(plan(&busy, &sp, &mut st, s(1000)).memory_floor, 1);
+    let idle = pool(
+        vec![ModelDemand {
+            last_request_at: Some(s(1000)),
+            ..model("a", 0, 0, 10)
+        }],
+        vec![],
+    );
+    // within idleUnloadAfter the model still wants room, and the window holds it
+    assert_eq!(plan(&idle, &sp, &mut st, s(1030)).memory_floor, 1);
+    // past it nothing wants room: no floor, though the stable window has not passed
+    assert_eq!(plan(&idle, &sp, &mut st, s(1061)).memory_floor, 0);
+}

@@ -413,7 +413,11 @@ async fn a_pool_starts_a_worker_for_queued_work_and_assigns_the_model_to_it() {
     )
     .with_pool(PoolFleet::new(models, pool_spec, launcher.clone()));
     tick(&mut fleet).await;
-    assert_eq!(launcher.started.load(Ordering::SeqCst), 0, "idle: no worker");
+    assert_eq!(
+        launcher.started.load(Ordering::SeqCst),
+        0,
+        "idle: no worker"
+    );
     assert_eq!(
         broker.model("a").await.unwrap().unwrap().state,
         ModelState::ScaledToZero

@@ -163,7 +163,7 @@ fn model_status(id: &str, tick: &PoolTick, ready: u32, starting: u32) -> ModelSt
         tick.beats.iter().filter(|b| f(b)).count() as u32
     };
     let queue = tick.queues.iter().find(|q| q.model == id);
-    let depth = queue.map(|q| q.depth.clone()).unwrap_or_default();
+    let depth = queue.map(|q| q.depth).unwrap_or_default();
     ModelStatus {
         id: id.to_string(),
         state: if ready > 0 {

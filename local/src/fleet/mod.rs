@@ -126,21 +126,7 @@ impl Fleet {
             .into_iter()
             .map(|mut model| {
                 model.spec.capacity_mode = CapacityMode::OnDemand;
-                let status = ModelStatus {
-                    id: model.record.id.clone(),
-                    state: ModelState::ScaledToZero,
-                    ready: 0,
-                    starting: 0,
-                    stopping: 0,
-                    desired: 0,
-                    backlog: 0,
-                    in_flight: 0,
-                    decoding: 0,
-                    oldest_wait_ms: None,
-                    last_cold_start_ms: None,
-                    cold_starts: 0,
-                    reason: String::new(),
-                };
+                let status = pool::idle_status(&model.record.id);
                 Slot {
                     policy: PolicyState::new(&model.spec),
                     model,

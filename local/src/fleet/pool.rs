@@ -137,7 +137,8 @@ impl PoolFleet {
     }
 }
 
-fn idle_status(id: &str) -> ModelStatus {
+/// A model's status before any tick: scaled to zero, nothing queued.
+pub(super) fn idle_status(id: &str) -> ModelStatus {
     ModelStatus {
         id: id.to_string(),
         state: ModelState::ScaledToZero,

@@ -47,6 +47,15 @@ pub struct Settings {
     pub delete_grace: Duration,
 }
 
+impl Settings {
+    /// Whether a decision last made at `last` is due again at `now`: other events reconcile
+    /// an object too, but the policy decides once per tick (its rate limits are per
+    /// decision); a tenth of the tick is slack for a reconcile that runs a little early.
+    pub fn tick_due(&self, last: Option<SystemTime>, now: SystemTime) -> bool {
+        last.is_none_or(|t| now.duration_since(t).unwrap_or_default() >= self.tick.mul_f64(0.9))
+    }
+}
+
 /// What the controller remembers about one Model between ticks.
 #[derive(Debug)]
 pub struct Memory {

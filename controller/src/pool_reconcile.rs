@@ -149,9 +149,7 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
                 .collect();
             let clock_now = (ctx.clock)();
             let mut mem = ctx.pool_memory().remove(&pool_id).unwrap_or_default();
-            let due = mem.ticked_at.is_none_or(|t| {
-                clock_now.duration_since(t).unwrap_or_default() >= ctx.settings.tick.mul_f64(0.9)
-            });
+            let due = ctx.settings.tick_due(mem.ticked_at, clock_now);
             let outcome: Result<PoolOutcome, String> = match (&mem.last, due) {
                 (Some(last), false) => Ok(last.clone()),
                 _ => tick_pool(&ctx, &pool, &pool_id, spec, &ids, &mut mem, clock_now)
@@ -198,17 +196,25 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
                         )
                     });
                 }
-                Err(e) => conditions.push(Condition {
-                    status: "Unknown".into(),
-                    ..condition(
-                        "Placed",
-                        false,
-                        "QueueUnavailable",
-                        format!("the broker cannot be read, the worker count is kept: {e}"),
-                        generation,
-                        &now,
-                    )
-                }),
+                Err(e) => {
+                    // no heartbeats read: the workers last seen stand
+                    status.workers = pool
+                        .status
+                        .as_ref()
+                        .map(|p| p.workers.clone())
+                        .unwrap_or_default();
+                    conditions.push(Condition {
+                        status: "Unknown".into(),
+                        ..condition(
+                            "Placed",
+                            false,
+                            "QueueUnavailable",
+                            format!("the broker cannot be read, the worker count is kept: {e}"),
+                            generation,
+                            &now,
+                        )
+                    });
+                }
             }
             status.ready_workers = status.spot.ready + status.on_demand.ready;
             conditions.push(condition(
@@ -247,9 +253,6 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
     }
     if let Some(previous) = &pool.status {
         carry_transitions(&mut conditions, &previous.conditions);
-        if status.workers.is_empty() && status.ready_workers > 0 {
-            status.workers = previous.workers.clone();
-        }
     }
     status.conditions = conditions;
     if pool.status.as_ref() != Some(&status) {
@@ -290,17 +293,13 @@ async fn apply_deployments(
             .as_ref()
             .and_then(|d| d.status.as_ref()?.ready_replicas)
             .map_or(0, |r| u32::try_from(r).unwrap_or(0));
-        let body = build_pool(
-            pool,
-            cache,
-            models,
-            capacity,
-            replicas,
-            &ctx.settings.worker,
-        );
-        // the rendering without the count: a scale is a patch, not a new apply
+        // rendered without the count: a scale is a patch, not a new apply
         let rendered = build_pool(pool, cache, models, capacity, 0, &ctx.settings.worker);
         if existing.is_none() || mem.applied.get(&dep) != Some(&rendered) {
+            let mut body = rendered.clone();
+            if let Some(spec) = body.spec.as_mut() {
+                spec.replicas = Some(i32::try_from(replicas).unwrap_or(i32::MAX));
+            }
             api.patch(
                 &dep,
                 &PatchParams::apply(FIELD_MANAGER).force(),

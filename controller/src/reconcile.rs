@@ -462,9 +462,7 @@ async fn tick(
         arrived_prompt_tokens: depth.arrived_prompt_tokens,
         decoding: depth.decoding,
     };
-    let due = mem.decided_at.is_none_or(|t| {
-        now.duration_since(t).unwrap_or_default() >= ctx.settings.tick.mul_f64(0.9)
-    });
+    let due = ctx.settings.tick_due(mem.decided_at, now);
     let decision = match (&mem.decision, due) {
         (Some(previous), false) => previous.clone(),
         _ => {

@@ -4,6 +4,7 @@
 //! model's queue and sees the on-demand replicas follow it, then deletes the Model and sees
 //! the finaliser fail the queued jobs.
 
+mod crd_setup;
 mod process;
 mod skip;
 
@@ -14,8 +15,7 @@ use process::{eventually, KillOnDrop as Killed};
 use serde_json::json;
 use tidal_controller::k8s_openapi::api::apps::v1::Deployment;
 use tidal_controller::k8s_openapi::api::core::v1::Namespace;
-use tidal_controller::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use tidal_controller::kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use tidal_controller::kube::api::{Api, DeleteParams, PostParams};
 use tidal_controller::kube::Client;
 use tidal_crds::Model;
 use tidal_queue::{Broker, BrokerConfig, Job, RedisBroker, ResponseEvent};
@@ -31,32 +31,7 @@ async fn controller_follows_the_queue_on_a_real_cluster() {
     let ns = format!("tidal-e2e-{}", std::process::id());
     let prefix = format!("tidal-e2e-{}:", std::process::id());
 
-    // both CRDs, as the chart installs them: the controller watches ModelPools too
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (name, crd) in [
-        ("models.tidal.dev", tidal_crds::crd()),
-        ("modelpools.tidal.dev", tidal_crds::pool_crd()),
-    ] {
-        crds.patch(
-            name,
-            &PatchParams::apply("tidal-e2e").force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .expect("apply the CRD");
-        eventually("the CRD to be established", Duration::from_secs(60), || {
-            let crds = crds.clone();
-            async move {
-                let crd = crds.get(name).await.ok()?;
-                crd.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
-        .await;
-    }
+    crd_setup::apply_crds(&client, "tidal-e2e").await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
     namespaces

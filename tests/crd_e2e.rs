@@ -5,13 +5,11 @@
 //! Models is refused with a message naming the field, and that `kubectl get models` columns
 //! (the Table form) show a Model's status readably.
 
+mod crd_setup;
 mod process;
 mod skip;
 
-use std::time::Duration;
-
 use http_body_util::BodyExt;
-use process::eventually;
 use serde_json::{json, Value};
 use tidal_controller::k8s_openapi::api::core::v1::Namespace;
 use tidal_controller::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -329,19 +327,7 @@ async fn the_api_server_enforces_the_model_schema() {
         .filter(|w| w.contains("unrecognized format"))
         .collect();
     assert!(unrecognized.is_empty(), "{unrecognized:?}");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually("the CRD to be established", Duration::from_secs(60), || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get(CRD_NAME).await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
+    crd_setup::wait_established(&client, CRD_NAME).await;
 
     let ns = format!("tidal-crd-e2e-{}", std::process::id());
     let namespaces: Api<Namespace> = Api::all(client.clone());

@@ -22,6 +22,7 @@
 mod chart_common;
 mod chart_rbac;
 mod cluster;
+mod crd_setup;
 mod process;
 mod skip;
 
@@ -40,7 +41,6 @@ use tidal_controller::k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use tidal_controller::k8s_openapi::api::coordination::v1::Lease;
 use tidal_controller::k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use tidal_controller::k8s_openapi::api::events::v1::Event;
-use tidal_controller::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use tidal_controller::kube::api::{
     Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -95,32 +95,6 @@ impl Drop for Setup {
     }
 }
 
-/// Applies the CRD and waits until it is served.
-async fn apply_crd(admin: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        "models.tidal.dev",
-        &PatchParams::apply("tidal-e2e").force(),
-        &Patch::Apply(tidal_crds::crd()),
-    )
-    .await
-    .expect("apply the CRD");
-    eventually("the CRD to be established", Duration::from_secs(60), || {
-        let crds = crds.clone();
-        async move {
-            crds.get("models.tidal.dev")
-                .await
-                .ok()?
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        }
-    })
-    .await;
-}
-
 /// The admin client, or `None` after recording a skip when there is no cluster.
 async fn admin_or_skip() -> Option<Client> {
     if std::env::var_os("KUBECONFIG").is_none() {
@@ -134,7 +108,7 @@ async fn admin_or_skip() -> Option<Client> {
 async fn setup(tag: &str) -> Option<Setup> {
     let admin = admin_or_skip().await?;
     let redis = tidal_queue::testing::ensure_redis().await.expect("redis");
-    apply_crd(&admin).await;
+    crd_setup::apply_crds(&admin, "tidal-e2e").await;
     let ns = format!("tidal-lc-{tag}-{}", std::process::id());
     cluster::create_namespace(&admin, &ns)
         .await
@@ -964,7 +938,7 @@ async fn every_documented_install_is_accepted_by_the_api_server() {
     chart_rbac::apply(&admin, &crd, "default", false)
         .await
         .expect("the chart's CRD");
-    apply_crd(&admin).await;
+    crd_setup::apply_crds(&admin, "tidal-e2e").await;
     let ns = format!("tidal-lc-chart-{}", std::process::id());
     for n in [ns.clone(), format!("{ns}-models")] {
         cluster::create_namespace(&admin, &n)

@@ -13,6 +13,7 @@
 mod chart_common;
 mod chart_rbac;
 mod cluster;
+mod crd_setup;
 mod k8s_common;
 mod process;
 mod skip;

@@ -26,8 +26,7 @@ use serde_json::{json, Value};
 use tidal_billing::scratch::{ScratchDb, DEFAULT_SERVER_URL};
 use tidal_controller::k8s_openapi::api::apps::v1::Deployment;
 use tidal_controller::k8s_openapi::api::core::v1::{Event, Namespace};
-use tidal_controller::k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use tidal_controller::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tidal_controller::kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tidal_controller::kube::runtime::{watcher, WatchStreamExt};
 use tidal_controller::kube::Client;
 use tidal_crds::{Model, ModelPool};
@@ -53,40 +52,6 @@ pub async fn client_or_skip() -> Option<Client> {
             .await
             .expect("a client of the cluster in KUBECONFIG"),
     )
-}
-
-/// Applies the CRDs, `Model` and `ModelPool` (server-side, as `kubectl apply --server-side`
-/// does), and waits until they are established.
-pub async fn apply_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for (name, crd) in [
-        ("models.tidal.dev", tidal_crds::crd()),
-        ("modelpools.tidal.dev", tidal_crds::pool_crd()),
-    ] {
-        crds.patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(crd),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
-        eventually(
-            &format!("the CRD {name} established"),
-            Duration::from_secs(60),
-            || {
-                let crds = crds.clone();
-                async move {
-                    let crd = crds.get(name).await.ok()?;
-                    crd.status?
-                        .conditions?
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                        .then_some(())
-                }
-            },
-        )
-        .await;
-    }
 }
 
 /// Milliseconds since the Unix epoch (unique names).
@@ -145,7 +110,7 @@ impl Stack {
     /// 1 s, this namespace only), the gateway and billing on a fresh key prefix and scratch
     /// ledger; makes tenant `<tag>` and its key.
     pub async fn start(client: Client, tag: &str) -> Stack {
-        apply_crd(&client).await;
+        crate::crd_setup::apply_crds(&client, MANAGER).await;
         let ns = format!("k8s-{tag}-{}", std::process::id());
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let namespace: Namespace =

@@ -297,13 +297,8 @@ pub async fn run(
                 config.drain_timeout,
                 Duration::from_secs(30),
             ));
-            let runtime_launcher = Arc::new(RuntimeLauncher::new(
-                broker.clone(),
-                HashMap::new(),
-                config.drain_timeout,
-                Duration::from_secs(30),
-            ));
-            Fleet::new(broker.clone(), runtime_launcher, Vec::new(), fleet_config)
+            // no model has a fleet of its own: the fleet's launcher is the pool's
+            Fleet::new(broker.clone(), launcher.clone(), Vec::new(), fleet_config)
                 .with_pool(PoolFleet::new(fleet_models, spec, launcher))
         }
     };

@@ -148,6 +148,10 @@ fn bad_values() -> Vec<(&'static str, Value)> {
             with(json!({"gateway": {"port": 70000}})),
         ),
         ("zero tick", with(json!({"controller": {"tickSeconds": 0}}))),
+        (
+            "zero pool tick",
+            with(json!({"controller": {"poolTickSeconds": 0}})),
+        ),
         ("a misspelt key", with(json!({"gateway": {"replica": 3}}))),
         ("an unknown top-level key", with(json!({"gatway": {}}))),
         (

@@ -36,8 +36,12 @@ pub fn system_clock() -> Clock {
 /// Settings from the command line.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// How often each Model is reconciled (the autoscaler's tick).
+    /// How often each Model is reconciled (the autoscaler's tick), and how often a pool's
+    /// worker count is decided.
     pub tick: Duration,
+    /// How often each ModelPool places its models (assignments written): a model with
+    /// queued work and no holder waits up to this long before a worker is told to load it.
+    pub pool_tick: Duration,
     /// The workers' settings.
     pub worker: WorkerConfig,
     /// Consumer name the finaliser uses to withdraw queued jobs.
@@ -52,8 +56,18 @@ impl Settings {
     /// an object too, but the policy decides once per tick (its rate limits are per
     /// decision); a tenth of the tick is slack for a reconcile that runs a little early.
     pub fn tick_due(&self, last: Option<SystemTime>, now: SystemTime) -> bool {
-        last.is_none_or(|t| now.duration_since(t).unwrap_or_default() >= self.tick.mul_f64(0.9))
+        due(self.tick, last, now)
     }
+
+    /// Whether a pool placed last at `last` places again at `now` (as [`Self::tick_due`],
+    /// at `pool_tick`).
+    pub fn pool_tick_due(&self, last: Option<SystemTime>, now: SystemTime) -> bool {
+        due(self.pool_tick, last, now)
+    }
+}
+
+fn due(every: Duration, last: Option<SystemTime>, now: SystemTime) -> bool {
+    last.is_none_or(|t| now.duration_since(t).unwrap_or_default() >= every.mul_f64(0.9))
 }
 
 /// What the controller remembers about one Model between ticks.

@@ -32,8 +32,8 @@ use crate::reconcile::{flush_fleet_usage, keep_unrecorded};
 pub struct PoolMemory {
     /// The assignment loop (created at the first tick).
     pub driver: Option<PoolDriver>,
-    /// When the loop last ran: other events reconcile the pool too, but the placement
-    /// decides once per tick.
+    /// When the loop last ran: other events reconcile the pool too, but it runs once per
+    /// `pool_tick` (and decides the worker count once per `tick`).
     pub ticked_at: Option<SystemTime>,
     /// The last outcome, reused between ticks.
     pub last: Option<PoolOutcome>,
@@ -148,6 +148,7 @@ pub async fn tick_pool(
         .driver
         .get_or_insert_with(|| PoolDriver::new(pool_id, spec.clone()));
     driver.respec(spec);
+    driver.decide_every = ctx.settings.tick;
     let tick = driver
         .tick(
             ctx.broker.as_ref(),

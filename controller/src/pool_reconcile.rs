@@ -26,8 +26,9 @@ use tidal_queue::CapacityType;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::names::{deployment_name, model_id, CAPACITIES, FIELD_MANAGER, MAX_NAME_LEN};
-use crate::pool_assign::{tick_pool, PoolOutcome};
+use crate::pool_assign::{tick_pool, PoolMemory, PoolOutcome};
 use crate::pool_deployment::{build_pool, PoolModel};
+use crate::reconcile::flush_fleet_usage;
 use crate::reconcile::to_time;
 use crate::report::carry_transitions;
 
@@ -100,8 +101,40 @@ async fn patch_pool_status(
     Ok(())
 }
 
+/// Forgets the loops of pools no longer in the cache (a pool has no finaliser, so nothing
+/// reconciles it once it is deleted): their fleet time not yet in the ledger is recorded
+/// first where the ledger takes it, and the pool's own open interval is dropped. Returns
+/// the ids forgotten.
+pub async fn forget_deleted_pools(ctx: &Context) -> Vec<String> {
+    let gone: Vec<(String, PoolMemory)> = {
+        let mut memory = ctx.pool_memory();
+        let ids: Vec<String> = memory
+            .keys()
+            .filter(|id| {
+                let (ns, name) = id.split_once('/').unwrap_or(("", id.as_str()));
+                ctx.pools.get(&ObjectRef::new(name).within(ns)).is_none()
+            })
+            .cloned()
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| memory.remove(&id).map(|m| (id, m)))
+            .collect()
+    };
+    let mut forgotten = Vec::with_capacity(gone.len());
+    for (id, mut mem) in gone {
+        if let Err(e) = flush_fleet_usage(ctx, &mut mem.unrecorded).await {
+            tracing::warn!(pool = %id, error = %e, lost = mem.unrecorded.len(), "a deleted pool's fleet time could not be recorded");
+        }
+        ctx.meter().forget(&id);
+        tracing::info!(pool = %id, "the pool is gone; its loop is forgotten");
+        forgotten.push(id);
+    }
+    forgotten
+}
+
 /// Reconciles one `ModelPool` (the kube-runtime `Controller`'s reconcile function).
 pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<Action> {
+    forget_deleted_pools(&ctx).await;
     let ns = pool.namespace().ok_or(Error::Incomplete("namespace"))?;
     let name = pool.name_any();
     let generation = pool.metadata.generation;
@@ -149,7 +182,7 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
                 .collect();
             let clock_now = (ctx.clock)();
             let mut mem = ctx.pool_memory().remove(&pool_id).unwrap_or_default();
-            let due = ctx.settings.tick_due(mem.ticked_at, clock_now);
+            let due = ctx.settings.pool_tick_due(mem.ticked_at, clock_now);
             let outcome: Result<PoolOutcome, String> = match (&mem.last, due) {
                 (Some(last), false) => Ok(last.clone()),
                 _ => tick_pool(&ctx, &pool, &pool_id, spec, &ids, &mut mem, clock_now)
@@ -258,7 +291,7 @@ pub async fn reconcile_pool(pool: Arc<ModelPool>, ctx: Arc<Context>) -> Result<A
     if pool.status.as_ref() != Some(&status) {
         patch_pool_status(&ctx, &pool, &status).await?;
     }
-    Ok(Action::requeue(ctx.settings.tick))
+    Ok(Action::requeue(ctx.settings.pool_tick))
 }
 
 /// Applies both Deployments of the pool with the outcome's worker counts (without one, the

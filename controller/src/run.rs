@@ -54,8 +54,10 @@ pub struct RunConfig {
     pub identity: Option<String>,
     /// Address of `/health` and `/metrics`.
     pub metrics_listen: SocketAddr,
-    /// Reconcile interval of each Model.
+    /// Reconcile interval of each Model, and decision interval of each pool's worker count.
     pub tick: Duration,
+    /// Placement interval of each ModelPool.
+    pub pool_tick: Duration,
 }
 
 /// Why the controller stopped.
@@ -210,6 +212,7 @@ pub async fn run(
         deployments,
         Settings {
             tick: cfg.tick,
+            pool_tick: cfg.pool_tick,
             worker: crate::deployment::WorkerConfig {
                 queue_url: cfg
                     .worker_redis

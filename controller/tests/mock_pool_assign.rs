@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
 use tidal_billing::{CapacityType as Billing, Period, Principal};
 use tidal_controller::names::pool_labels;
-use tidal_controller::pool_reconcile::reconcile_pool;
+use tidal_controller::pool_reconcile::{forget_deleted_pools, reconcile_pool};
 use tidal_crds::{Model, ModelPool};
 use tidal_queue::{Broker, CachedModel, CapacityType, Job, PoolHeartbeat, PoolLoadedModel};
 use uuid::Uuid;
@@ -216,4 +216,26 @@ async fn a_pool_tick_assigns_the_queued_model_scales_the_pool_and_charges_its_ti
     assert_eq!(rows[0].price_per_hour_micros, 350_000);
     // [t0, t0+2) at the second tick, and 58 of the 60 s up to the third
     assert_eq!(rows[0].replica_ms, 60_000);
+}
+
+#[tokio::test]
+async fn a_deleted_pool_is_forgotten_at_the_next_pool_reconcile() {
+    let mut h = Harness::new().await;
+    let p = pool();
+    h.add_pool(p.clone());
+    h.add_model(pooled("llama-a", "uid-a"));
+    h.broker
+        .pool_heartbeat(&beat(&[], T0 * 1000))
+        .await
+        .unwrap();
+    let _ = serve(&mut h, &p).await;
+    assert!(h.ctx.pool_memory().contains_key(POOL));
+    assert!(
+        forget_deleted_pools(&h.ctx).await.is_empty(),
+        "still in the cache"
+    );
+    h.pools
+        .apply_watcher_event(&kube::runtime::watcher::Event::Delete(p));
+    assert_eq!(forget_deleted_pools(&h.ctx).await, vec![POOL.to_string()]);
+    assert!(h.ctx.pool_memory().is_empty());
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use tidal_autoscaler::pool::{plan, Action, PoolPlan, PoolSpec, PoolState};
-use tidal_autoscaler::CapacityObserved;
+use tidal_autoscaler::{CapacityObserved, Decision};
 use tidal_queue::{Broker, CapacityType, PoolHeartbeat, QueueError};
 
 use crate::assign::next_assignments;
@@ -23,8 +23,11 @@ pub struct PoolTick {
     pub beats: Vec<PoolHeartbeat>,
     /// Every model's queue as read.
     pub queues: Vec<ModelQueue>,
-    /// The placement's plan.
+    /// The placement's plan. On a tick that only places (see [`PoolDriver::decide_every`]),
+    /// its worker count is the last decision's.
     pub plan: PoolPlan,
+    /// Whether this tick decided the worker count (else it only placed models).
+    pub decided: bool,
     /// Every worker's assignment after this tick's writes.
     pub assignments: BTreeMap<String, Vec<String>>,
     /// Assignments written this tick, worker → models.
@@ -44,8 +47,16 @@ pub struct PoolDriver {
     state: PoolState,
     last_work: BTreeMap<String, Duration>,
     share: FleetShare,
+    /// The last worker-count decision and when it was made.
+    decision: Option<(Decision, Duration)>,
     /// How old a heartbeat may be before its worker is expired.
     pub stale_after: Duration,
+    /// How often the worker count is decided; ticks in between only place models, on a
+    /// copy of the placement's state. Placement can then run often (a queued model waits
+    /// for the next tick before a worker loads it) while the policy sees one sample per
+    /// interval and its rate limits, which are per decision, keep their meaning. Zero:
+    /// every tick decides.
+    pub decide_every: Duration,
 }
 
 impl PoolDriver {
@@ -57,7 +68,9 @@ impl PoolDriver {
             spec,
             last_work: BTreeMap::new(),
             share: FleetShare::default(),
+            decision: None,
             stale_after: STALE_AFTER,
+            decide_every: Duration::ZERO,
         }
     }
 
@@ -71,6 +84,7 @@ impl PoolDriver {
         if spec != self.spec {
             self.state = PoolState::new(&spec);
             self.spec = spec;
+            self.decision = None;
         }
     }
 
@@ -125,7 +139,22 @@ impl PoolDriver {
             ),
         ];
         let observed = observe(&beats, &assignments, &queues, spot, on_demand);
-        let plan = plan(&observed, &self.spec, &mut self.state, since_epoch);
+        // a tenth of the interval is slack for a tick that runs a little early
+        let decided = self.decision.as_ref().is_none_or(|(_, at)| {
+            since_epoch.saturating_sub(*at) >= self.decide_every.mul_f64(0.9)
+        });
+        let plan = if decided {
+            let p = plan(&observed, &self.spec, &mut self.state, since_epoch);
+            self.decision = Some((p.workers.clone(), since_epoch));
+            p
+        } else {
+            let mut scratch = self.state.clone();
+            let mut p = plan(&observed, &self.spec, &mut scratch, since_epoch);
+            if let Some((last, _)) = &self.decision {
+                p.workers = last.clone();
+            }
+            p
+        };
         let busy = |m: &str| {
             queues
                 .iter()
@@ -147,13 +176,16 @@ impl PoolDriver {
             metrics::counter!("tidal_pool_actions_total", "pool" => self.pool.clone(), "action" => kind)
                 .increment(1);
         }
-        metrics::gauge!("tidal_pool_workers_desired", "pool" => self.pool.clone())
-            .set(f64::from(plan.workers.serving));
+        if decided {
+            metrics::gauge!("tidal_pool_workers_desired", "pool" => self.pool.clone())
+                .set(f64::from(plan.workers.serving));
+        }
         let shares = self.share.split(&beats, &scheduled, now_ms);
         Ok(PoolTick {
             beats,
             queues,
             plan,
+            decided,
             assignments,
             written,
             expired,
@@ -183,6 +215,13 @@ mod tests {
         spec
     }
 
+    fn broker() -> Arc<MemoryBroker> {
+        Arc::new(MemoryBroker::new(
+            BrokerConfig::default(),
+            Arc::new(ManualClock::new(1_000_000)),
+        ))
+    }
+
     fn one_ready() -> CapacityObserved {
         CapacityObserved {
             ready: 1,
@@ -205,10 +244,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_queued_model_is_assigned_once_to_the_worker_that_has_it_cached() {
-        let broker = Arc::new(MemoryBroker::new(
-            BrokerConfig::default(),
-            Arc::new(ManualClock::new(1_000_000)),
-        ));
+        let broker = broker();
         let mut b = beat("w1", &[], &[("ns/a", 30), ("ns/b", 30)]);
         b.memory_free_bytes = 40;
         b.last_seen_ms = 1_000_000;
@@ -249,11 +285,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn between_decisions_a_tick_places_models_and_keeps_the_worker_count() {
+        let broker = broker();
+        let mut b = beat("w1", &[], &[("ns/a", 30)]);
+        b.last_seen_ms = 1_000_000;
+        broker.pool_heartbeat(&b).await.expect("beat");
+        let models = vec!["ns/a".to_string()];
+        let mut driver = PoolDriver::new("ns/p", spec());
+        driver.decide_every = Duration::from_secs(2);
+        let mut ticks = Vec::new();
+        for (at_ms, queue) in [(1_000_000, false), (1_000_250, true), (1_002_000, false)] {
+            if queue {
+                enqueue(&broker, "ns/a").await;
+            }
+            let at = SystemTime::UNIX_EPOCH + Duration::from_millis(at_ms);
+            let t = driver
+                .tick(
+                    broker.as_ref(),
+                    &models,
+                    CapacityObserved::default(),
+                    one_ready(),
+                    at,
+                )
+                .await
+                .expect("tick");
+            ticks.push(t);
+        }
+        let decided: Vec<(bool, u32)> = ticks
+            .iter()
+            .map(|t| (t.decided, t.plan.workers.serving))
+            .collect();
+        // idle at first; the placement at 250 ms keeps that count; the next decision raises it
+        assert_eq!(decided, vec![(true, 0), (false, 0), (true, 1)]);
+        assert_eq!(
+            ticks[1].written,
+            BTreeMap::from([("w1".into(), vec!["ns/a".to_string()])]),
+            "placed without waiting for the decision"
+        );
+    }
+
+    #[tokio::test]
     async fn a_stale_worker_is_expired_with_its_assignment() {
-        let broker = Arc::new(MemoryBroker::new(
-            BrokerConfig::default(),
-            Arc::new(ManualClock::new(1_000_000)),
-        ));
+        let broker = broker();
         let mut b = beat("w1", &["ns/a"], &[]);
         b.last_seen_ms = 1_000;
         broker.pool_heartbeat(&b).await.expect("beat");

@@ -43,6 +43,11 @@ pub struct ControllerArgs {
     /// Seconds between two autoscaling decisions of a Model.
     #[arg(long, default_value_t = 2.0)]
     pub tick_secs: f64,
+    /// Seconds between two placements of a ModelPool's models: a model with queued work and
+    /// no worker holding it waits up to this long before one is told to load it (the pool's
+    /// worker count is still decided every --tick-secs).
+    #[arg(long, default_value_t = 0.25)]
+    pub pool_tick_secs: f64,
 }
 
 /// Runs the controller.
@@ -51,6 +56,10 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
         .ok()
         .filter(|t| !t.is_zero())
         .context("--tick-secs must be a positive number of seconds")?;
+    let pool_tick = Duration::try_from_secs_f64(args.pool_tick_secs)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .context("--pool-tick-secs must be a positive number of seconds")?;
     let prometheus = PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
@@ -66,6 +75,7 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
         identity: None,
         metrics_listen: args.metrics_listen,
         tick,
+        pool_tick,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting tokio")?;
     runtime

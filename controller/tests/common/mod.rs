@@ -69,6 +69,7 @@ impl Harness {
             deps_r,
             Settings {
                 tick: Duration::from_secs(2),
+                pool_tick: Duration::from_millis(250),
                 worker: WorkerConfig {
                     queue_url: "redis://redis:6379".into(),
                     key_prefix: None,

@@ -76,6 +76,8 @@ pub fn load_model(
         source,
     })?;
     check_memory(&file, &config, quantize)?;
+    // it fits: start reading it all while the rest of the load runs
+    file.read_ahead();
     let tokenizer = Tokenizer::from_gguf(file.content())?;
     let chat_template = match ChatTemplate::from_gguf(file.content()) {
         Ok(t) => Some(t),

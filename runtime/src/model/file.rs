@@ -50,6 +50,17 @@ impl ModelFile {
         &self.content
     }
 
+    /// Asks the kernel to read the whole file into the page cache in the background
+    /// (`madvise(MADV_WILLNEED)`): the load that follows (building the tokenizer and the
+    /// engine, and on a GPU the upload of each matrix) then overlaps with the disk reads of
+    /// the matrices after it, instead of faulting each page in when it is first touched. A
+    /// hint: an error is logged, never returned, and a file already cached costs nothing.
+    pub fn read_ahead(&self) {
+        if let Err(e) = self.mmap.advise(memmap2::Advice::WillNeed) {
+            tracing::debug!(path = %self.path.display(), error = %e, "read-ahead hint refused");
+        }
+    }
+
     /// The shared mapping, kept alive by every weight that points into it.
     pub(crate) fn mmap(&self) -> &Arc<Mmap> {
         &self.mmap

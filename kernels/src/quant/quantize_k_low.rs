@@ -82,12 +82,14 @@ pub fn quantize_q2_k(x: &[f32], out: &mut [u8]) {
         yb[80..82].copy_from_slice(&f16_bytes(d));
         yb[82..84].copy_from_slice(&f16_bytes(dmin));
         let (d, dmin) = (f16_round(d), f16_round(dmin));
-        for j in 0..16 {
-            let dl = d * (yb[j] & 0x0F) as f32;
+        let mut packed = [0u8; 16];
+        packed.copy_from_slice(&yb[..16]);
+        for (j, &s) in packed.iter().enumerate() {
+            let dl = d * (s & 0x0F) as f32;
             if dl == 0.0 {
                 continue;
             }
-            let dm = dmin * (yb[j] >> 4) as f32;
+            let dm = dmin * (s >> 4) as f32;
             for i in 16 * j..16 * j + 16 {
                 levels[i] = nearest_int((xb[i] + dm) / dl).clamp(0, 3) as u8;
             }

@@ -34,6 +34,11 @@ fn weights(r: &mut StdRng, n: usize) -> Vec<f32> {
     x
 }
 
+/// A quantiser of f32 values to block bytes.
+type Quantiser = fn(&[f32]) -> Vec<u8>;
+/// A quantise-then-dequantise of f32 values.
+type RoundTrip = fn(&[f32]) -> Vec<f32>;
+
 /// candle's quantisation of `x` into `T` blocks, as bytes.
 fn candle_quantize<T: GgmlType>(x: &[f32]) -> Vec<u8> {
     let mut blocks = vec![T::zeros(); x.len() / T::BLCK_SIZE];
@@ -59,7 +64,7 @@ fn round_trip(ty: QuantType, x: &[f32]) -> Vec<f32> {
 fn matches_candle_bit_for_bit_where_it_follows_the_same_reference() {
     let mut r = rng(31);
     let x = weights(&mut r, 64 * 256);
-    let cases: [(QuantType, fn(&[f32]) -> Vec<u8>); 5] = [
+    let cases: [(QuantType, Quantiser); 5] = [
         (QuantType::Q4_0, candle_quantize::<BlockQ4_0>),
         (QuantType::Q4_1, candle_quantize::<BlockQ4_1>),
         (QuantType::Q5_0, candle_quantize::<BlockQ5_0>),
@@ -99,7 +104,7 @@ fn k_quants_do_at_least_as_well_as_the_older_search() {
         T::to_float(&blocks, &mut y);
         y
     }
-    let cases: [(QuantType, fn(&[f32]) -> Vec<f32>); 4] = [
+    let cases: [(QuantType, RoundTrip); 4] = [
         (QuantType::Q2_K, candle_round_trip::<BlockQ2K>),
         (QuantType::Q4_K, candle_round_trip::<BlockQ4K>),
         (QuantType::Q5_K, candle_round_trip::<BlockQ5K>),

@@ -252,14 +252,48 @@ pub fn quantize_file(
     let (header, _) = gguf_write::header(&output_metadata(&file, ftype), &entries, alignment)
         .map_err(write_err)?;
     let partial = partial_path(output);
-    let mut w = BufWriter::new(File::create(&partial).map_err(write_err)?);
-    w.write_all(&header).map_err(write_err)?;
+    let written = write_tensors(
+        &file, &tensors, &entries, &header, alignment, &partial, &write_err,
+    );
+    let outcomes = match written {
+        Ok(outcomes) => outcomes,
+        Err(e) => {
+            // Best effort: the error at hand matters more than a leftover partial file.
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&partial, output).map_err(write_err)?;
+    Ok(QuantizeSummary {
+        file_type: ftype,
+        output_tensor_bytes: outcomes.iter().map(|t| t.outcome.bytes).sum(),
+        input_tensor_bytes: outcomes.iter().map(|t| t.in_bytes).sum(),
+        tensors: outcomes.into_iter().map(|t| t.outcome).collect(),
+    })
+}
+
+/// A tensor as written, with its bytes in the input.
+struct Written {
+    outcome: TensorOutcome,
+    in_bytes: u64,
+}
+
+/// Writes the header and every tensor (converted where its type changes) to `partial`.
+fn write_tensors(
+    file: &ModelFile,
+    tensors: &[TensorDesc],
+    entries: &[TensorEntry],
+    header: &[u8],
+    alignment: u64,
+    partial: &Path,
+    write_err: &dyn Fn(std::io::Error) -> QuantizeError,
+) -> Result<Vec<Written>, QuantizeError> {
+    let mut w = BufWriter::new(File::create(partial).map_err(write_err)?);
+    w.write_all(header).map_err(write_err)?;
     let mut outcomes = Vec::with_capacity(tensors.len());
-    let mut input_bytes = 0u64;
-    for (t, e) in tensors.iter().zip(&entries) {
+    for (t, e) in tensors.iter().zip(entries) {
         let (_, range) = file.tensor_range(&t.name)?;
         let bytes = &file.mmap()[range];
-        input_bytes += bytes.len() as u64;
         let converted;
         let data: &[u8] = if e.dtype == t.dtype {
             bytes
@@ -269,22 +303,19 @@ pub fn quantize_file(
         };
         w.write_all(data).map_err(write_err)?;
         gguf_write::pad(&mut w, data.len() as u64, alignment).map_err(write_err)?;
-        outcomes.push(TensorOutcome {
-            name: t.name.clone(),
-            from: t.dtype,
-            to: e.dtype,
-            bytes: data.len() as u64,
+        outcomes.push(Written {
+            outcome: TensorOutcome {
+                name: t.name.clone(),
+                from: t.dtype,
+                to: e.dtype,
+                bytes: data.len() as u64,
+            },
+            in_bytes: bytes.len() as u64,
         });
     }
     w.into_inner()
         .map_err(|e| write_err(e.into_error()))?
         .sync_all()
         .map_err(write_err)?;
-    std::fs::rename(&partial, output).map_err(write_err)?;
-    Ok(QuantizeSummary {
-        file_type: ftype,
-        output_tensor_bytes: outcomes.iter().map(|t| t.bytes).sum(),
-        tensors: outcomes,
-        input_tensor_bytes: input_bytes,
-    })
+    Ok(outcomes)
 }

@@ -41,6 +41,7 @@ pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
 pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};
 pub use quant::q5_0::{dequantize_q5_0, Q5_0_BLOCK_BYTES};
 pub use quant::q8_0::{dequantize_q8_0, Q8_0_BLOCK_BYTES};
+pub use quant::quantize_32::{dequantize_q5_1, quantize_q5_1, Q5_1_BLOCK_BYTES};
 pub use rope::{Rope, RopeStyle};
 
 /// Work (in elements) below which splitting across rayon threads costs more than it saves.
@@ -51,9 +52,8 @@ pub(crate) mod test_util {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    /// Records that the calling test skips (no GPU, no NVRTC): `scripts/test.sh` counts
-    /// the lines of `$TIDAL_SKIP_LOG` as skipped, not passed.
-    #[cfg(feature = "cuda")]
+    /// Records that the calling test skips (no GPU, no NVRTC, no oracle program):
+    /// `scripts/test.sh` counts the lines of `$TIDAL_SKIP_LOG` as skipped, not passed.
     pub fn skip(why: &str) {
         use std::io::Write;
         let test = std::thread::current().name().unwrap_or("?").to_owned();

@@ -6,6 +6,7 @@ pub mod load;
 pub mod logprobs;
 pub mod memory;
 pub mod model;
+pub mod quantize;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod keys;
 pub mod logging;
 pub mod models;
+pub mod quantize;
 pub mod report;
 pub mod runtime;
 pub mod signals;
@@ -54,6 +55,8 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Publish, list and remove the models the gateway serves, without a controller.
     Models(models::ModelsArgs),
+    /// Write a GGUF file in one of llama.cpp's quantisation mixes (q4_k_m, q6_k, ...).
+    Quantize(quantize::QuantizeArgs),
     /// The whole platform in one process: API, queue, metering and workers that scale to
     /// zero. No Kubernetes, PostgreSQL or Redis needed.
     Up(up::UpArgs),
@@ -74,6 +77,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gateway(args) => gateway::run(args),
         Command::Keys(args) => keys::run(args),
         Command::Models(args) => models::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Up(args) => up::run(args),
         Command::Status(args) => status::run(args),
     }

@@ -145,6 +145,27 @@ impl QuantType {
             QuantType::Q2_K => dequantize_k::<Q2K>(w, out),
         }
     }
+
+    /// Quantises `x` (whole blocks of [`QuantType::block_elems`] values) into blocks `out`, as
+    /// llama.cpp's reference quantiser of the type does without an importance matrix
+    /// (`quantize_row_*_ref`).
+    ///
+    /// # Panics
+    /// If `x` is not whole blocks or `out` is not one block per block of `x`.
+    pub fn quantize(self, x: &[f32], out: &mut [u8]) {
+        use super::{quantize_32 as b32, quantize_k as k, quantize_k_low as kl};
+        match self {
+            QuantType::Q4_0 => b32::quantize_q4_0(x, out),
+            QuantType::Q4_1 => b32::quantize_q4_1(x, out),
+            QuantType::Q5_0 => b32::quantize_q5_0(x, out),
+            QuantType::Q8_0 => b32::quantize_q8_0(x, out),
+            QuantType::Q4_K => k::quantize_q4_k(x, out),
+            QuantType::Q5_K => k::quantize_q5_k(x, out),
+            QuantType::Q6_K => k::quantize_q6_k(x, out),
+            QuantType::Q3_K => kl::quantize_q3_k(x, out),
+            QuantType::Q2_K => kl::quantize_q2_k(x, out),
+        }
+    }
 }
 
 /// A block format, as a type: the kernels are generic over it.

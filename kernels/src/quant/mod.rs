@@ -2,7 +2,8 @@
 //! activations, the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against Q8_K activations, and
 //! the quantised matmul (one weight row at a time for decode and small batches, an
 //! interleaved-panel GEMM for larger batches of the 32-weight formats, on AMX tiles where the
-//! CPU has them; the same arithmetic per output in every path).
+//! CPU has them; the same arithmetic per output in every path), and the quantisers that write
+//! every one of these formats from f32 as llama.cpp's reference quantisers do.
 
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
@@ -33,5 +34,11 @@ mod q6_k;
 pub mod q8_0;
 pub mod q8_1;
 pub mod q8_k;
+pub mod quantize_32;
+pub mod quantize_k;
+pub mod quantize_k_low;
+mod quantize_search;
 #[cfg(test)]
 mod tests_k;
+#[cfg(test)]
+mod tests_quantize;

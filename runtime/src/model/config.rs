@@ -299,7 +299,7 @@ fn uint(file: &ModelFile, key: &str) -> Result<usize, ModelError> {
     optional_uint(file, key)?.ok_or_else(|| ModelError::MissingMetadata(key.to_string()))
 }
 
-fn optional_uint(file: &ModelFile, key: &str) -> Result<Option<usize>, ModelError> {
+pub(crate) fn optional_uint(file: &ModelFile, key: &str) -> Result<Option<usize>, ModelError> {
     let Some(value) = file.content().metadata.get(key) else {
         return Ok(None);
     };

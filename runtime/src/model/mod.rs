@@ -12,12 +12,14 @@ mod cuda;
 mod error;
 mod file;
 mod forward;
+pub(crate) mod gguf_write;
 mod kv_storage;
 mod shape_gguf;
 mod tiny;
 mod weight;
 mod weights;
 
+pub(crate) use config::optional_uint;
 pub use config::{Architecture, FfnActivation, ModelConfig, RopeScaling, SlidingWindow};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaModel;
@@ -28,5 +30,5 @@ pub use kv_storage::KvStorage;
 pub use shape_gguf::{write_shape_gguf, QuantMix, ShapeSpec};
 pub use tidal_kernels::KvDtype;
 pub use tiny::{write_tiny_gguf, TinyModelError, TinySpec};
-pub(crate) use weight::{loaded_type, matrix_bytes, own_kernel_type};
+pub(crate) use weight::{dequantize_bytes, loaded_type, matrix_bytes, own_kernel_type};
 pub use weight::{Activations, QuantizeTo, Weight};

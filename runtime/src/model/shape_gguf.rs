@@ -9,6 +9,9 @@ use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 
+use super::gguf_write::ggml_type_id;
+use crate::quantize::use_more_bits;
+
 /// The tensor types of a generated file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMix {
@@ -29,9 +32,7 @@ impl QuantMix {
         match self {
             QuantMix::Uniform(t) => t,
             QuantMix::Q4KM => {
-                let eighth = layers / 8;
-                let more_bits =
-                    |i: usize| i < eighth || i >= 7 * layers / 8 || (i - eighth) % 3 == 2;
+                let more_bits = |i: usize| use_more_bits(i, layers);
                 let layer = name
                     .strip_prefix("blk.")
                     .and_then(|r| r.split('.').next())
@@ -176,25 +177,4 @@ pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     file.write_all(&header)?;
     file.set_len(header.len() as u64 + offset)
-}
-
-/// GGML's number for a tensor type (`enum ggml_type`).
-fn ggml_type_id(dtype: GgmlDType) -> u32 {
-    match dtype {
-        GgmlDType::F32 => 0,
-        GgmlDType::F16 => 1,
-        GgmlDType::Q4_0 => 2,
-        GgmlDType::Q4_1 => 3,
-        GgmlDType::Q5_0 => 6,
-        GgmlDType::Q5_1 => 7,
-        GgmlDType::Q8_0 => 8,
-        GgmlDType::Q8_1 => 9,
-        GgmlDType::Q2K => 10,
-        GgmlDType::Q3K => 11,
-        GgmlDType::Q4K => 12,
-        GgmlDType::Q5K => 13,
-        GgmlDType::Q6K => 14,
-        GgmlDType::Q8K => 15,
-        GgmlDType::BF16 => 30,
-    }
 }

@@ -404,6 +404,25 @@ impl Weight {
     }
 }
 
+/// Dequantises whole blocks of `dtype` in `bytes` (any alignment) into `out`, with candle's
+/// ports of ggml's `dequantize_row_*`; `scratch` is reused between calls.
+pub(crate) fn dequantize_bytes(
+    dtype: GgmlDType,
+    bytes: &[u8],
+    out: &mut [f32],
+    scratch: &mut Vec<u64>,
+) -> Result<(), ModelError> {
+    scratch.clear();
+    scratch.resize(bytes.len().div_ceil(8), 0);
+    bytemuck_copy(bytes, scratch);
+    // SAFETY: a u64 buffer viewed as its first `bytes.len()` bytes (aligned for every block).
+    let aligned = unsafe { std::slice::from_raw_parts(scratch.as_ptr().cast::<u8>(), bytes.len()) };
+    with_block_type!(dtype, T => {
+        T::to_float(blocks::<T>(aligned), out);
+        Ok(())
+    }, else Err(ModelError::Unsupported(format!("cannot dequantise tensors of type {dtype:?}"))))
+}
+
 /// Views GGML bytes as blocks. Blocks are plain-old-data `repr(C)` structs of f16/u8/i8
 /// fields, so every bit pattern is valid; alignment is checked at load.
 fn blocks<T>(bytes: &[u8]) -> &[T] {

@@ -10,12 +10,11 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
-use tidal_kernels::QuantType;
 
 use super::ftype::FileType;
 use super::mix::{llama_order, plan_types, ModelFacts, NoFallback, TensorDesc};
 use crate::model::gguf_write::{self, TensorEntry, DEFAULT_ALIGNMENT};
-use crate::model::{dequantize_bytes, optional_uint, ModelError, ModelFile};
+use crate::model::{dequantize_bytes, optional_uint, own_kernel_type, ModelError, ModelFile};
 
 /// ggml's quantisation format version (`GGML_QNT_VERSION`), stored as
 /// `general.quantization_version`.
@@ -129,18 +128,8 @@ fn output_metadata(file: &ModelFile, ftype: FileType) -> Vec<(String, Value)> {
 
 /// Writes `values` (one tensor's rows of f32) as `to` into `out`.
 fn quantize_rows(to: GgmlDType, values: &[f32], out: &mut [u8]) -> Result<(), GgmlDType> {
-    let kernel = match to {
-        GgmlDType::Q4_0 => Some(QuantType::Q4_0),
-        GgmlDType::Q4_1 => Some(QuantType::Q4_1),
-        GgmlDType::Q5_0 => Some(QuantType::Q5_0),
-        GgmlDType::Q8_0 => Some(QuantType::Q8_0),
-        GgmlDType::Q2K => Some(QuantType::Q2_K),
-        GgmlDType::Q3K => Some(QuantType::Q3_K),
-        GgmlDType::Q4K => Some(QuantType::Q4_K),
-        GgmlDType::Q5K => Some(QuantType::Q5_K),
-        GgmlDType::Q6K => Some(QuantType::Q6_K),
-        _ => None,
-    };
+    // the types our kernels run are the types our quantisers write
+    let kernel = own_kernel_type(to);
     if let Some(ty) = kernel {
         ty.quantize(values, out);
         return Ok(());

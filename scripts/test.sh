@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/tidal-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# No incremental compilation: a test run rebuilds whole crates anyway, and the incremental
+# caches of every test binary take about 13 GB of the target dir. Builds with and without it
+# do not share artifacts, so keep one setting for every run on a machine.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 bash scripts/services.sh
 bash scripts/fetch-model.sh >/dev/null

@@ -42,3 +42,5 @@ mod quantize_search;
 mod tests_k;
 #[cfg(test)]
 mod tests_quantize;
+#[cfg(test)]
+mod tests_requantize_real;

@@ -27,11 +27,9 @@ pub(crate) fn f16_bytes(x: f32) -> [u8; 2] {
     half::f16::from_f32(x).to_le_bytes()
 }
 
-/// ggml's `make_qx_quants` with `rmse_type == 1` and no importance weights (the only way the
-/// reference quantisers call it): symmetric levels `l ∈ [-nmax, nmax)` stored as `l + nmax`
-/// in `levels`, the scale chosen among 19 candidates around `max / -nmax` to minimise the
-/// `x²`-weighted squared error. Returns the scale.
-pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
+/// The value of `x` with the largest magnitude (the first of equals, as ggml's loops keep),
+/// or `None` when every value is below [`GROUP_MAX_EPS`] (the group quantises to zeros).
+fn largest_magnitude(x: &[f32]) -> Option<f32> {
     let (mut max, mut amax) = (0.0f32, 0.0f32);
     for &v in x {
         if v.abs() > amax {
@@ -39,10 +37,18 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
             max = v;
         }
     }
-    if amax < GROUP_MAX_EPS {
+    (amax >= GROUP_MAX_EPS).then_some(max)
+}
+
+/// ggml's `make_qx_quants` with `rmse_type == 1` and no importance weights (the only way the
+/// reference quantisers call it): symmetric levels `l ∈ [-nmax, nmax)` stored as `l + nmax`
+/// in `levels`, the scale chosen among 19 candidates around `max / -nmax` to minimise the
+/// `x²`-weighted squared error. Returns the scale.
+pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
+    let Some(max) = largest_magnitude(x) else {
         levels.fill(0);
         return 0.0;
-    }
+    };
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
@@ -82,17 +88,10 @@ pub(crate) fn make_qx_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
 /// up to five passes that move single levels while that lowers the `x²`-weighted error.
 /// Levels are stored as `l + nmax`. Returns the scale.
 pub(crate) fn make_q3_quants(nmax: i32, x: &[f32], levels: &mut [i8]) -> f32 {
-    let (mut max, mut amax) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    if amax < GROUP_MAX_EPS {
+    let Some(max) = largest_magnitude(x) else {
         levels.fill(0);
         return 0.0;
-    }
+    };
     let iscale = -(nmax as f32) / max;
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
     for (l, &v) in levels.iter_mut().zip(x) {

@@ -8,25 +8,10 @@
 
 use std::io::{Read, Seek, SeekFrom};
 
+use crate::test_util::skip;
+use crate::QuantType;
 use candle_core::quantized::gguf_file::Content;
 use candle_core::quantized::GgmlDType;
-use tidal_kernels::QuantType;
-
-/// Records that the test skips, as the workspace's tests do (`$TIDAL_SKIP_LOG`).
-fn skip(why: &str) {
-    use std::io::Write;
-    let test = std::thread::current().name().unwrap_or("?").to_owned();
-    eprintln!("skipped {test}: {why}");
-    if let Some(path) = std::env::var_os("TIDAL_SKIP_LOG") {
-        if let Ok(mut log) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(log, "{test}: {why}");
-        }
-    }
-}
 
 fn gemma3() -> Option<std::path::PathBuf> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/fetch-model.sh");

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
@@ -222,7 +221,8 @@ fn unknown_types_and_unreadable_files_are_clear_errors() {
 /// The rules on Gemma 3 270M's tensors give the types llama.cpp wrote in its Q4_K_M file.
 #[test]
 fn the_rules_reproduce_a_llama_cpp_q4_k_m_file() {
-    let Some(path) = gemma3() else { return };
+    // fetched by `scripts/test.sh` before the tests, as for the other Gemma 3 tests
+    let path = common::fetch_model("gemma3");
     let file = ModelFile::open(&path).unwrap();
     let arch = "gemma3";
     let uint = |k: &str| match file.metadata(&format!("{arch}.{k}")).unwrap() {
@@ -254,28 +254,4 @@ fn the_rules_reproduce_a_llama_cpp_q4_k_m_file() {
         .map(|(t, p)| format!("{}: file {:?}, planned {p:?}", t.name, t.dtype))
         .collect();
     assert!(mismatches.is_empty(), "{mismatches:#?}");
-}
-
-/// The Gemma 3 file, fetched by the project's script; `None` (the test recorded as skipped)
-/// where it cannot be fetched.
-fn gemma3() -> Option<std::path::PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-model.sh");
-    match std::process::Command::new("bash")
-        .arg(script)
-        .arg("gemma3")
-        .output()
-    {
-        Ok(out) if out.status.success() => Some(String::from_utf8_lossy(&out.stdout).trim().into()),
-        Ok(out) => {
-            common::skip(&format!(
-                "cannot fetch Gemma 3: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-            None
-        }
-        Err(e) => {
-            common::skip(&format!("cannot run fetch-model.sh: {e}"));
-            None
-        }
-    }
 }

@@ -83,17 +83,20 @@ fn bench(c: &mut Criterion) {
         if ty == QuantType::Q8_0 {
             shapes.push((576, 49152));
         }
-        shapes.into_iter().map(move |s| (ty, s))
+        shapes
+            .into_iter()
+            .map(move |s| (ty, s, &[1usize, 16, 128][..]))
     });
+    // Four and eight rows too: both sides of the K-quant GEMM's smallest batch (`KPANEL16_MIN_ROWS`).
     let k_cases = [QuantType::Q8_0]
         .into_iter()
         .chain(QuantType::K_QUANTS)
-        .flat_map(|ty| [(1024, 640), (2048, 640)].map(|s| (ty, s)));
-    for (ty, (k, n)) in cases.chain(k_cases) {
+        .flat_map(|ty| [(1024, 640), (2048, 640)].map(|s| (ty, s, &[1usize, 4, 8, 16, 128][..])));
+    for (ty, (k, n), ms) in cases.chain(k_cases) {
         let w = random_blocks(&mut r, ty, n * k / ty.block_elems());
         let theirs = candle_matmul(ty, &w);
         // Decode alone, a decode batch, a prefill chunk.
-        for m in [1usize, 16, 128] {
+        for &m in ms {
             let x: Vec<f32> = (0..m * k).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * n];
             let shape = format!("{ty:?}_m{m}_k{k}_n{n}").to_lowercase();

@@ -34,8 +34,8 @@ pub use quant::dot::DotKernel;
 pub use quant::format::QuantType;
 pub use quant::kformat::QK_K;
 pub use quant::matmul::{
-    matmul, matmul_quantized, matmul_with, QuantizedActivations, AMX_MIN_ROWS, PANEL16_MIN_ROWS,
-    PANEL_MIN_ROWS,
+    matmul, matmul_quantized, matmul_with, QuantizedActivations, AMX_MIN_ROWS, KPANEL16_MIN_ROWS,
+    PANEL16_MIN_ROWS, PANEL_MIN_ROWS,
 };
 pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
 pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};

@@ -4,7 +4,6 @@
 
 mod common;
 
-
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 use tidal_runtime::model::{

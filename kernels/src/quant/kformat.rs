@@ -76,6 +76,10 @@ pub(crate) trait KFormat: Copy + Send + Sync + 'static {
     const HAS_DMIN: bool;
     /// The fixed zero point of the formats without `dmin` (`mn_g = ZERO · sc_g`), else 0.
     const ZERO: i32;
+    /// Weights per scale: 32 where the stored scales cover 32 weights (Q4_K, Q5_K: `sc` and
+    /// `mn` repeat over each pair of groups), else 16. The AVX-512 GEMM applies each scale
+    /// once per span.
+    const SCALE_SPAN: usize;
 
     /// Unpacks super-block `wb` (the reference every kernel matches).
     fn unpack(wb: &[u8], out: &mut KBlock);
@@ -226,6 +230,47 @@ pub(crate) unsafe fn f16_pair_f16c(p: *const u8) -> (f32, f32) {
         let bits = (p as *const i32).read_unaligned();
         let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
         (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+}
+
+/// Q4_K's and Q5_K's 12 scale bytes as two little-endian words of eight bytes: the eight
+/// sub-block scales, and the eight minimums (the same values as [`scale_min_k4`], from 32-bit
+/// masks and shifts as ggml's `kmask` code rather than one sub-block at a time).
+#[inline(always)]
+pub(crate) fn scales_mins_k4_packed(s: &[u8]) -> (u64, u64) {
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (u0, u1, u2) = (word(0), word(1), word(2));
+    let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    (
+        (u0 & LOW6) as u64 | (sc_hi as u64) << 32,
+        (u1 & LOW6) as u64 | (mn_hi as u64) << 32,
+    )
+}
+
+/// [`scales_k4`] as two vectors of 16 i16 lanes (`sc`, `mn`), from the 12 scale bytes at `p`.
+///
+/// # Safety
+/// AVX2 available; 12 bytes readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn scales_k4_avx2(
+    p: *const u8,
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    // SAFETY: 12 readable bytes (caller's contract).
+    let (sc, mn) = scales_mins_k4_packed(unsafe { std::slice::from_raw_parts(p, 12) });
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe {
+        let both = _mm_set_epi64x(mn as i64, sc as i64);
+        // Each 32-weight scale twice, once per 16-weight group.
+        (
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(both, both)),
+            _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(both, both)),
+        )
     }
 }
 

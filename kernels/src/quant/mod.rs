@@ -1,7 +1,7 @@
 //! GGUF quantised weights: the ggml Q4_0, Q4_1, Q5_0 and Q8_0 block formats against Q8_1
 //! activations, the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) against Q8_K activations, and
 //! the quantised matmul (one weight row at a time for decode and small batches, an
-//! interleaved-panel GEMM for larger batches of the 32-weight formats, on AMX tiles where the
+//! interleaved-panel GEMM for larger batches, on AMX tiles for the 32-weight formats where the
 //! CPU has them; the same arithmetic per output in every path), and the quantisers that write
 //! every one of these formats from f32 as llama.cpp's reference quantisers do.
 
@@ -20,6 +20,9 @@ mod gemm_avx512;
 #[cfg(target_arch = "x86_64")]
 mod kdot_avx2;
 pub mod kformat;
+#[cfg(target_arch = "x86_64")]
+mod kgemm_avx512;
+mod kpanel16;
 pub mod matmul;
 mod panel;
 mod panel16;

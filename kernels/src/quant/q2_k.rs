@@ -13,6 +13,7 @@ impl KFormat for Q2K {
     const BLOCK_BYTES: usize = 84;
     const HAS_DMIN: bool = true;
     const ZERO: i32 = 0;
+    const SCALE_SPAN: usize = 16;
 
     fn unpack(wb: &[u8], out: &mut KBlock) {
         for (g, &s) in wb[..GROUPS].iter().enumerate() {

@@ -26,6 +26,7 @@ impl KFormat for Q3K {
     const BLOCK_BYTES: usize = 110;
     const HAS_DMIN: bool = false;
     const ZERO: i32 = 4;
+    const SCALE_SPAN: usize = 16;
 
     fn unpack(wb: &[u8], out: &mut KBlock) {
         let (hm, qs) = (&wb[..32], &wb[32..96]);

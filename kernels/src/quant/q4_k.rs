@@ -13,6 +13,7 @@ impl KFormat for Q4K {
     const BLOCK_BYTES: usize = 144;
     const HAS_DMIN: bool = true;
     const ZERO: i32 = 0;
+    const SCALE_SPAN: usize = 32;
 
     fn unpack(wb: &[u8], out: &mut KBlock) {
         out.d = f16_le(wb, 0);
@@ -29,11 +30,11 @@ impl KFormat for Q4K {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn unpack_avx2(wb: *const u8) -> super::kformat::KBlockAvx2 {
-        use super::kformat::{f16_pair_f16c, load_i16x16, KBlockAvx2};
+        use super::kformat::{f16_pair_f16c, scales_k4_avx2, KBlockAvx2};
         use std::arch::x86_64::*;
         // SAFETY: the block's 144 bytes are readable (caller's contract); features likewise.
         unsafe {
-            let (sc, mn) = scales_k4(std::slice::from_raw_parts(wb.add(4), 12));
+            let (sc, mn) = scales_k4_avx2(wb.add(4));
             let (d, dmin) = f16_pair_f16c(wb);
             let mask = _mm256_set1_epi8(0x0F);
             let mut q = [_mm256_setzero_si256(); 8];
@@ -42,13 +43,7 @@ impl KFormat for Q4K {
                 q[2 * j] = _mm256_and_si256(v, mask);
                 q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
             }
-            KBlockAvx2 {
-                q,
-                sc: load_i16x16(&sc),
-                mn: load_i16x16(&mn),
-                d,
-                dmin,
-            }
+            KBlockAvx2 { q, sc, mn, d, dmin }
         }
     }
 }

@@ -13,6 +13,7 @@ impl KFormat for Q5K {
     const BLOCK_BYTES: usize = 176;
     const HAS_DMIN: bool = true;
     const ZERO: i32 = 0;
+    const SCALE_SPAN: usize = 32;
 
     fn unpack(wb: &[u8], out: &mut KBlock) {
         out.d = f16_le(wb, 0);
@@ -30,11 +31,11 @@ impl KFormat for Q5K {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn unpack_avx2(wb: *const u8) -> super::kformat::KBlockAvx2 {
-        use super::kformat::{f16_pair_f16c, load_i16x16, KBlockAvx2};
+        use super::kformat::{f16_pair_f16c, scales_k4_avx2, KBlockAvx2};
         use std::arch::x86_64::*;
         // SAFETY: the block's 176 bytes are readable (caller's contract); features likewise.
         unsafe {
-            let (sc, mn) = scales_k4(std::slice::from_raw_parts(wb.add(4), 12));
+            let (sc, mn) = scales_k4_avx2(wb.add(4));
             let (d, dmin) = f16_pair_f16c(wb);
             let mask = _mm256_set1_epi8(0x0F);
             let bit4 = _mm256_set1_epi8(0x10);
@@ -52,13 +53,7 @@ impl KFormat for Q5K {
                     _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16::<4>(h), bit4));
                 h = _mm256_srli_epi16::<1>(h);
             }
-            KBlockAvx2 {
-                q,
-                sc: load_i16x16(&sc),
-                mn: load_i16x16(&mn),
-                d,
-                dmin,
-            }
+            KBlockAvx2 { q, sc, mn, d, dmin }
         }
     }
 }

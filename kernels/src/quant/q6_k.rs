@@ -15,6 +15,7 @@ impl KFormat for Q6K {
     const BLOCK_BYTES: usize = 210;
     const HAS_DMIN: bool = false;
     const ZERO: i32 = 32;
+    const SCALE_SPAN: usize = 16;
 
     fn unpack(wb: &[u8], out: &mut KBlock) {
         let (ql, qh) = (&wb[..128], &wb[128..192]);

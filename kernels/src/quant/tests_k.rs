@@ -310,3 +310,20 @@ fn avx2_unpack_matches_the_portable_one() {
         check::<Q2K>(&random_blocks(&mut r, QuantType::Q2_K, 1));
     }
 }
+
+/// The packed scale decoding of Q4_K and Q5_K (the SIMD unpacks use it) gives every
+/// sub-block's scale and minimum as the one-at-a-time reference, for any 12 bytes.
+#[test]
+fn packed_k4_scales_match_the_reference() {
+    use super::kformat::{scale_min_k4, scales_mins_k4_packed};
+    use rand::Rng;
+    let mut r = rng(81);
+    for _ in 0..2000 {
+        let s: [u8; 12] = std::array::from_fn(|_| r.random());
+        let (sc, mn) = scales_mins_k4_packed(&s);
+        for j in 0..8 {
+            let got = ((sc >> (8 * j)) as u8, (mn >> (8 * j)) as u8);
+            assert_eq!(got, scale_min_k4(j, &s), "sub-block {j} of {s:?}");
+        }
+    }
+}

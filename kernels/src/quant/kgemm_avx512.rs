@@ -227,9 +227,7 @@ unsafe fn block<K: KFormat, const R: usize, const P: usize>(
     // Four weights per vpdpbusd, so a span is 4 (or 8) of them.
     let steps = K::SCALE_SPAN / 4;
     for span in 0..QK_K / K::SCALE_SPAN {
-        // Two partial sums (even and odd steps): one chain of four or eight dependent
-        // `vpdpbusd` per output would make each span wait on their latency.
-        let mut dot = [zero; 2];
+        let mut dot = zero;
         for s in span * steps..(span + 1) * steps {
             let mut ws = [_mm512_setzero_si512(); R];
             for r in 0..R {
@@ -241,7 +239,7 @@ unsafe fn block<K: KFormat, const R: usize, const P: usize>(
                 // SAFETY: qs[s] is 64 readable, 64-byte aligned bytes.
                 let xs = unsafe { _mm512_load_si512(pb[p].qs[s].as_ptr() as *const __m512i) };
                 for r in 0..R {
-                    dot[s % 2][r][p] = _mm512_dpbusd_epi32(dot[s % 2][r][p], ws[r], xs);
+                    dot[r][p] = _mm512_dpbusd_epi32(dot[r][p], ws[r], xs);
                 }
             }
         }
@@ -250,8 +248,7 @@ unsafe fn block<K: KFormat, const R: usize, const P: usize>(
         for r in 0..R {
             let sc = _mm512_set1_epi32(prep[r].sc[g]);
             for p in 0..P {
-                let d = _mm512_add_epi32(dot[0][r][p], dot[1][r][p]);
-                isum[r][p] = _mm512_add_epi32(isum[r][p], _mm512_mullo_epi32(d, sc));
+                isum[r][p] = _mm512_add_epi32(isum[r][p], _mm512_mullo_epi32(dot[r][p], sc));
             }
         }
     }

@@ -102,7 +102,11 @@ mod tests {
             let (panel, b) = (pi / nb, pi % nb);
             for l in 0..KPANEL_ROWS {
                 let r = panel * KPANEL_ROWS + l;
-                let want = (r < m).then(|| xq[r * nb + b]).unwrap_or_default();
+                let want = if r < m {
+                    xq[r * nb + b]
+                } else {
+                    BlockQ8K::default()
+                };
                 for v in 0..QK_K {
                     assert_eq!(pb.qs[v / 4][4 * l + v % 4], want.qs[v], "row {r} value {v}");
                 }

@@ -1,5 +1,5 @@
-//! `out[m, n] = x[m, k] · Wᵀ` with W the raw GGUF bytes of n rows of k weights in Q4_0, Q4_1
-//! or Q8_0.
+//! `out[m, n] = x[m, k] · Wᵀ` with W the raw GGUF bytes of n rows of k weights in Q4_0, Q4_1,
+//! Q5_0, Q8_0 or a K-quant.
 //!
 //! As in ggml's `mul_mat`: the activations are quantised to Q8_1 once
 //! ([`QuantizedActivations`], which callers may share between matmuls of the same input), then
@@ -13,7 +13,10 @@
 //! 16 activation rows. With AVX-512 VNNI the row kernel takes sixteen blocks per step
 //! (`dot_avx512`) and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one per
 //! 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
-//! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). Every path computes
+//! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
+//! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
+//! with AVX-512 VNNI from [`KPANEL16_MIN_ROWS`] rows, a 16-row panel GEMM
+//! (`kgemm_avx512`). Every path computes
 //! each output with the same operations in the same order ([`super::format`]), so a row's
 //! result does not depend on the batch it is in.
 

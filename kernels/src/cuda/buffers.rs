@@ -17,7 +17,7 @@ pub enum GpuWeightFormat {
 
 /// The block types the GPU's matmul kernels read in place; every other type is uploaded as
 /// f16 ([`GpuMatrix::from_f32`]).
-pub const GPU_BLOCK_TYPES: [QuantType; 3] = QuantType::GPU_BLOCKS;
+pub const GPU_BLOCK_TYPES: [QuantType; 9] = QuantType::GPU_BLOCKS;
 
 /// A weight matrix `[rows, cols]` on the GPU (`y = x · Wᵀ`).
 pub struct GpuMatrix {
@@ -28,7 +28,8 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    /// Uploads GGUF blocks of `format` as they are: `rows` rows of `cols / 32` blocks.
+    /// Uploads GGUF blocks of `format` as they are: `rows` rows of `cols / 32` blocks (or
+    /// `cols / 256` super-blocks of a K-quant).
     pub fn from_blocks(
         gpu: &Gpu,
         format: QuantType,
@@ -41,7 +42,7 @@ impl GpuMatrix {
                 "{format:?} has no GPU block kernel (upload it as f16)"
             )));
         }
-        let expected = if cols.is_multiple_of(32) {
+        let expected = if cols.is_multiple_of(format.block_elems()) {
             rows * format.row_bytes(cols)
         } else {
             0

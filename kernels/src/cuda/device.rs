@@ -7,7 +7,8 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
-use super::KERNEL_SOURCE;
+use super::{GPU_BLOCK_TYPES, KERNEL_SOURCE};
+use crate::QuantType;
 
 /// Why a GPU operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -102,13 +103,10 @@ pub(crate) struct Functions {
     pub attention_f32: CudaFunction,
     pub attention_f16: CudaFunction,
     pub attention_int8: CudaFunction,
-    pub matmul_q4_0: CudaFunction,
-    pub matmul_q4_1: CudaFunction,
-    pub matmul_q8_0: CudaFunction,
     pub matmul_f16: CudaFunction,
-    pub matmul_tiled_q4_0: CudaFunction,
-    pub matmul_tiled_q4_1: CudaFunction,
-    pub matmul_tiled_q8_0: CudaFunction,
+    /// Per block type (in [`crate::cuda::GPU_BLOCK_TYPES`] order): the row kernel and the
+    /// tiled one (`matmul_<type>`, `matmul_tiled_<type>`).
+    pub matmul_blocks: Vec<(QuantType, CudaFunction, CudaFunction)>,
 }
 
 /// Name, free and total bytes of GPU `ordinal`, without compiling the kernels: what the
@@ -166,13 +164,18 @@ impl Gpu {
             attention_f32: f("paged_attention_f32")?,
             attention_f16: f("paged_attention_f16")?,
             attention_int8: f("paged_attention_int8")?,
-            matmul_q4_0: f("matmul_q4_0")?,
-            matmul_q4_1: f("matmul_q4_1")?,
-            matmul_q8_0: f("matmul_q8_0")?,
             matmul_f16: f("matmul_f16")?,
-            matmul_tiled_q4_0: f("matmul_tiled_q4_0")?,
-            matmul_tiled_q4_1: f("matmul_tiled_q4_1")?,
-            matmul_tiled_q8_0: f("matmul_tiled_q8_0")?,
+            matmul_blocks: GPU_BLOCK_TYPES
+                .iter()
+                .map(|&ty| {
+                    let name = format!("{ty:?}").to_lowercase();
+                    Ok((
+                        ty,
+                        f(&format!("matmul_{name}"))?,
+                        f(&format!("matmul_tiled_{name}"))?,
+                    ))
+                })
+                .collect::<Result<_, CudaError>>()?,
         };
         tracing::info!(
             gpu = %name,

@@ -276,14 +276,19 @@ extern "C" __global__ void paged_attention_int8(const i8* kc, const float* ks, c
 }
 
 // ---- quantised matmul ---------------------------------------------------------------------
-// y[m, n] = x[m, k] · W[n, k]^T with W in GGUF block layout (rows of k/32 blocks of 32
-// weights). Grid: (ceil(n / MM_WARPS), ceil(m / MM_ROWS)); each warp owns one weight row and
-// MM_ROWS activation rows; lane j dequantises blocks j, j+32, ... of its row.
+// y[m, n] = x[m, k] · W[n, k]^T with W in GGUF block layout, read as rows of k/32 sub-blocks
+// of 32 weights (a 32-weight format's block is one; a K-quant super-block of 256 weights is
+// SUB = 8 of them). Grid: (ceil(n / MM_WARPS), ceil(m / MM_ROWS)); each warp owns one weight
+// row and MM_ROWS activation rows; lane j dequantises sub-blocks j, j+32, ... of its row.
+// Blocks of 22, 110 or 210 bytes leave multi-byte fields only 2-byte aligned, so beyond the
+// f16 scales (always at even offsets) the formats read single bytes. The formats are checked
+// against the CPU's dequantisers on the host too (kernels/src/quant/tests_cuda_formats.rs).
 
 // Q4_0: f16 d, 16 bytes of nibbles; w = (q - 8) * d. Low nibbles are weights 0..15.
 struct Q4_0 {
     static const int BYTES = 18;
-    __device__ static void dequant(const u8* b, float* out) {
+    static const int SUB = 1;
+    __device__ static void dequant(const u8* b, int, float* out) {
         float d = h2f(*(const u16*)b);
         const u16* qs = (const u16*)(b + 2);
 #pragma unroll
@@ -300,7 +305,8 @@ struct Q4_0 {
 // Q4_1: f16 d, f16 min, 16 bytes of nibbles; w = q * d + min.
 struct Q4_1 {
     static const int BYTES = 20;
-    __device__ static void dequant(const u8* b, float* out) {
+    static const int SUB = 1;
+    __device__ static void dequant(const u8* b, int, float* out) {
         float d = h2f(*(const u16*)b);
         float mn = h2f(*(const u16*)(b + 2));
         const u32* qs = (const u32*)(b + 4);
@@ -320,7 +326,8 @@ struct Q4_1 {
 // Q8_0: f16 d, 32 signed bytes; w = q * d.
 struct Q8_0 {
     static const int BYTES = 34;
-    __device__ static void dequant(const u8* b, float* out) {
+    static const int SUB = 1;
+    __device__ static void dequant(const u8* b, int, float* out) {
         float d = h2f(*(const u16*)b);
         const u16* qs = (const u16*)(b + 2);
 #pragma unroll
@@ -328,6 +335,140 @@ struct Q8_0 {
             u16 two = qs[j];
             out[2 * j] = (float)(i8)(two & 0xFF) * d;
             out[2 * j + 1] = (float)(i8)(two >> 8) * d;
+        }
+    }
+};
+
+// Q5_0: f16 d, 4 bytes of fifth bits (bit j: weight j), 16 bytes of nibbles (low nibbles are
+// weights 0..15); w = (q - 16) * d.
+struct Q5_0 {
+    static const int BYTES = 22;
+    static const int SUB = 1;
+    __device__ static void dequant(const u8* b, int, float* out) {
+        float d = h2f(*(const u16*)b);
+        u32 qh = (u32)b[2] | (u32)b[3] << 8 | (u32)b[4] << 16 | (u32)b[5] << 24;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u32 byte = b[6 + j];
+            out[j] = (float)((int)((byte & 0xF) | ((qh >> j) & 1) << 4) - 16) * d;
+            out[j + 16] = (float)((int)((byte >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16) * d;
+        }
+    }
+};
+
+// The K-quants (kernels/src/quant/q*_k.rs has each layout): `dequant` writes sub-block
+// `sub` (weights 32 sub .. 32 sub + 32) of a super-block.
+
+// Q4_K's and Q5_K's 6-bit scale and minimum of 32-weight sub-block j (ggml's
+// get_scale_min_k4).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* s, float* sc, float* mn) {
+    if (j < 4) {
+        *sc = (float)(s[j] & 63);
+        *mn = (float)(s[j + 4] & 63);
+    } else {
+        *sc = (float)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+        *mn = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+// Q4_K: f16 d, f16 dmin, 12 bytes of scales, 128 bytes of nibbles (byte l of 32-byte run r:
+// weight 64 r + l low, 64 r + 32 + l high); w = d · sc · q − dmin · m.
+struct Q4_K {
+    static const int BYTES = 144;
+    static const int SUB = 8;
+    __device__ static void dequant(const u8* b, int sub, float* out) {
+        float sc, mn;
+        scale_min_k4(sub, b + 4, &sc, &mn);
+        float dl = h2f(*(const u16*)b) * sc, ml = h2f(*(const u16*)(b + 2)) * mn;
+        const u8* q = b + 16 + 32 * (sub / 2);
+        int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int l = 0; l < 32; l++) out[l] = dl * (float)((q[l] >> shift) & 0xF) - ml;
+    }
+};
+
+// Q5_K: Q4_K's header, 32 bytes of fifth bits (bit s of byte l: weight 32 s + l), then
+// Q4_K's nibbles.
+struct Q5_K {
+    static const int BYTES = 176;
+    static const int SUB = 8;
+    __device__ static void dequant(const u8* b, int sub, float* out) {
+        float sc, mn;
+        scale_min_k4(sub, b + 4, &sc, &mn);
+        float dl = h2f(*(const u16*)b) * sc, ml = h2f(*(const u16*)(b + 2)) * mn;
+        const u8* qh = b + 16;
+        const u8* q = b + 48 + 32 * (sub / 2);
+        int shift = 4 * (sub % 2);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 0xF) | ((qh[l] >> sub) & 1) << 4;
+            out[l] = dl * (float)v - ml;
+        }
+    }
+};
+
+// Q6_K: 128 bytes of low nibbles, 64 of high bit pairs, 16 signed scales (one per 16
+// weights), f16 d; w = d · sc · (q − 32). In 128-weight half h, sub-block c (0..3) takes
+// the low (c < 2) or high nibbles of low bytes 64 h + 32 (c % 2) + l and bits 2c, 2c + 1 of
+// high byte 32 h + l.
+struct Q6_K {
+    static const int BYTES = 210;
+    static const int SUB = 8;
+    __device__ static void dequant(const u8* b, int sub, float* out) {
+        float d = h2f(*(const u16*)(b + 208));
+        int h = sub / 4, c = sub % 4;
+        const u8* ql = b + 64 * h + 32 * (c % 2);
+        const u8* qh = b + 128 + 32 * h;
+        int shift = c < 2 ? 0 : 4;
+        float d0 = d * (float)(i8)b[192 + 2 * sub], d1 = d * (float)(i8)b[193 + 2 * sub];
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((ql[l] >> shift) & 0xF) | ((qh[l] >> (2 * c)) & 3) << 4;
+            out[l] = (l < 16 ? d0 : d1) * (float)(v - 32);
+        }
+    }
+};
+
+// Q3_K: 32 bytes of third bits (bit c of byte l: weight 32 c + l), 64 bytes of bit pairs
+// (weight 32 c + l: bits 2 (c % 4) of byte 32 (c / 4) + l), 12 bytes of sixteen 6-bit
+// scales stored + 32, f16 d; w = d · (sc − 32) · (q − 4).
+struct Q3_K {
+    static const int BYTES = 110;
+    static const int SUB = 8;
+    __device__ static int scale(const u8* s, int g) {
+        int low = g < 8 ? s[g] & 0xF : s[g - 8] >> 4;
+        int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+        return (low | high << 4) - 32;
+    }
+    __device__ static void dequant(const u8* b, int sub, float* out) {
+        float d = h2f(*(const u16*)(b + 108));
+        const u8* qs = b + 32 + 32 * (sub / 4);
+        int shift = 2 * (sub % 4);
+        float d0 = d * (float)scale(b + 96, 2 * sub), d1 = d * (float)scale(b + 96, 2 * sub + 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((qs[l] >> shift) & 3) | ((b[l] >> sub) & 1) << 2;
+            out[l] = (l < 16 ? d0 : d1) * (float)(v - 4);
+        }
+    }
+};
+
+// Q2_K: 16 bytes of scale (low nibble) and minimum (high nibble) per 16 weights, 64 bytes of
+// bit pairs laid out as Q3_K's, f16 d, f16 dmin; w = d · sc · q − dmin · m.
+struct Q2_K {
+    static const int BYTES = 84;
+    static const int SUB = 8;
+    __device__ static void dequant(const u8* b, int sub, float* out) {
+        float d = h2f(*(const u16*)(b + 80)), dmin = h2f(*(const u16*)(b + 82));
+        const u8* qs = b + 16 + 32 * (sub / 4);
+        int shift = 2 * (sub % 4);
+        u8 s0 = b[2 * sub], s1 = b[2 * sub + 1];
+        float d0 = d * (float)(s0 & 0xF), m0 = dmin * (float)(s0 >> 4);
+        float d1 = d * (float)(s1 & 0xF), m1 = dmin * (float)(s1 >> 4);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            float q = (float)((qs[l] >> shift) & 3);
+            out[l] = l < 16 ? d0 * q - m0 : d1 * q - m1;
         }
     }
 };
@@ -340,13 +481,13 @@ __device__ void matmul_blocks(const u8* w, const float* x, float* y, int m, int 
     int m0 = blockIdx.y * MM_ROWS;
     int rows = min(MM_ROWS, m - m0);
     int nb = k / 32;
-    const u8* wr = w + (size_t)row * nb * F::BYTES;
+    const u8* wr = w + (size_t)row * (nb / F::SUB) * F::BYTES;
     float acc[MM_ROWS];
 #pragma unroll
     for (int r = 0; r < MM_ROWS; r++) acc[r] = 0.0f;
     for (int b = lane; b < nb; b += WARP) {
         float wv[32];
-        F::dequant(wr + (size_t)b * F::BYTES, wv);
+        F::dequant(wr + (size_t)(b / F::SUB) * F::BYTES, b % F::SUB, wv);
 #pragma unroll
         for (int r = 0; r < MM_ROWS; r++) {
             if (r < rows) {
@@ -390,7 +531,7 @@ __device__ void matmul_tiled(const u8* w, const float* x, float* y, int m, int n
     int m0 = blockIdx.y * MM_ROWS;
     int rows = min(MM_ROWS, m - m0);
     int nb = k / 32;
-    const u8* wr = w + (size_t)(row < n ? row : 0) * nb * F::BYTES;
+    const u8* wr = w + (size_t)(row < n ? row : 0) * (nb / F::SUB) * F::BYTES;
     float acc[MM_ROWS];
 #pragma unroll
     for (int r = 0; r < MM_ROWS; r++) acc[r] = 0.0f;
@@ -404,7 +545,8 @@ __device__ void matmul_tiled(const u8* w, const float* x, float* y, int m, int n
         __syncthreads();
         if (row < n && bi * 32 < cols) {
             float wv[32];
-            F::dequant(wr + (size_t)(k0 / 32 + bi) * F::BYTES, wv);
+            int b = k0 / 32 + bi;
+            F::dequant(wr + (size_t)(b / F::SUB) * F::BYTES, b % F::SUB, wv);
 #pragma unroll
             for (int r = 0; r < MM_ROWS; r++) {
                 if (r < rows) {
@@ -426,32 +568,26 @@ __device__ void matmul_tiled(const u8* w, const float* x, float* y, int m, int n
     }
 }
 
-extern "C" __global__ void matmul_tiled_q4_0(const u8* w, const float* x, float* y, int m, int n,
-                                             int k) {
-    matmul_tiled<Q4_0>(w, x, y, m, n, k);
-}
+// One pair of entry points per block format: the row kernel and the tiled one.
+#define MATMUL_ENTRY_POINTS(F, name)                                                          \
+    extern "C" __global__ void matmul_tiled_##name(const u8* w, const float* x, float* y,     \
+                                                   int m, int n, int k) {                     \
+        matmul_tiled<F>(w, x, y, m, n, k);                                                    \
+    }                                                                                         \
+    extern "C" __global__ void matmul_##name(const u8* w, const float* x, float* y, int m,    \
+                                             int n, int k) {                                  \
+        matmul_blocks<F>(w, x, y, m, n, k);                                                   \
+    }
 
-extern "C" __global__ void matmul_tiled_q4_1(const u8* w, const float* x, float* y, int m, int n,
-                                             int k) {
-    matmul_tiled<Q4_1>(w, x, y, m, n, k);
-}
-
-extern "C" __global__ void matmul_tiled_q8_0(const u8* w, const float* x, float* y, int m, int n,
-                                             int k) {
-    matmul_tiled<Q8_0>(w, x, y, m, n, k);
-}
-
-extern "C" __global__ void matmul_q4_0(const u8* w, const float* x, float* y, int m, int n, int k) {
-    matmul_blocks<Q4_0>(w, x, y, m, n, k);
-}
-
-extern "C" __global__ void matmul_q4_1(const u8* w, const float* x, float* y, int m, int n, int k) {
-    matmul_blocks<Q4_1>(w, x, y, m, n, k);
-}
-
-extern "C" __global__ void matmul_q8_0(const u8* w, const float* x, float* y, int m, int n, int k) {
-    matmul_blocks<Q8_0>(w, x, y, m, n, k);
-}
+MATMUL_ENTRY_POINTS(Q4_0, q4_0)
+MATMUL_ENTRY_POINTS(Q4_1, q4_1)
+MATMUL_ENTRY_POINTS(Q5_0, q5_0)
+MATMUL_ENTRY_POINTS(Q8_0, q8_0)
+MATMUL_ENTRY_POINTS(Q2_K, q2_k)
+MATMUL_ENTRY_POINTS(Q3_K, q3_k)
+MATMUL_ENTRY_POINTS(Q4_K, q4_k)
+MATMUL_ENTRY_POINTS(Q5_K, q5_k)
+MATMUL_ENTRY_POINTS(Q6_K, q6_k)
 
 // W as f16 [n, k] (any k): the fallback for GGUF types without a block kernel here, which
 // are dequantised to f16 once at load time.

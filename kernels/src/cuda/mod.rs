@@ -7,8 +7,8 @@
 //! otherwise). Layouts are the CPU ones, so a KV cache or an activation row means the same
 //! bytes on both sides:
 //! - activations: row-major `f32`;
-//! - weights: the raw GGUF blocks for Q4_0, Q4_1 and Q8_0, f16 rows for every other type
-//!   (dequantised once at load);
+//! - weights: the raw GGUF blocks of every type the CPU kernels read (Q4_0, Q4_1, Q5_0, Q8_0
+//!   and the K-quants), f16 rows for f16, bf16 and f32 matrices;
 //! - KV cache: `[num_slots, n_kv_heads, head_dim]` in f32, f16 or int8 with one f32 scale per
 //!   (slot, KV head), as [`crate::kv_cache`].
 

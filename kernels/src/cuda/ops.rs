@@ -441,17 +441,18 @@ impl Gpu {
         })?;
         let tiled = m >= TILED_MIN_ROWS;
         let fs = &self.functions;
-        let f = match (w.format, tiled) {
-            (GpuWeightFormat::Blocks(QuantType::Q4_0), false) => &fs.matmul_q4_0,
-            (GpuWeightFormat::Blocks(QuantType::Q4_1), false) => &fs.matmul_q4_1,
-            (GpuWeightFormat::Blocks(QuantType::Q8_0), false) => &fs.matmul_q8_0,
-            (GpuWeightFormat::Blocks(QuantType::Q4_0), true) => &fs.matmul_tiled_q4_0,
-            (GpuWeightFormat::Blocks(QuantType::Q4_1), true) => &fs.matmul_tiled_q4_1,
-            (GpuWeightFormat::Blocks(QuantType::Q8_0), true) => &fs.matmul_tiled_q8_0,
-            (GpuWeightFormat::F16, _) => &fs.matmul_f16,
-            // `GpuMatrix::from_blocks` accepts only the types above.
-            (GpuWeightFormat::Blocks(ty), _) => {
-                return Err(CudaError::Shape(format!("{ty:?} has no GPU block kernel")))
+        let f = match w.format {
+            GpuWeightFormat::F16 => &fs.matmul_f16,
+            GpuWeightFormat::Blocks(ty) => {
+                // `GpuMatrix::from_blocks` accepts only the types with kernels.
+                let Some((_, rows, tiles)) = fs.matmul_blocks.iter().find(|f| f.0 == ty) else {
+                    return Err(CudaError::Shape(format!("{ty:?} has no GPU block kernel")));
+                };
+                if tiled {
+                    tiles
+                } else {
+                    rows
+                }
             }
         };
         let weight_rows_per_block = match (w.format, tiled) {

@@ -311,17 +311,7 @@ fn attention_case(
 
 /// Random GGUF blocks of `ty` for a `[rows, cols]` matrix with sane f16 scales.
 fn random_blocks(r: &mut StdRng, ty: QuantType, rows: usize, cols: usize) -> Vec<u8> {
-    let block = ty.block_bytes();
-    let mut bytes: Vec<u8> = (0..rows * ty.row_bytes(cols)).map(|_| r.random()).collect();
-    for b in bytes.chunks_mut(block) {
-        let d = f16::from_f32(r.random_range(0.001..0.05));
-        b[..2].copy_from_slice(&d.to_bits().to_le_bytes());
-        if ty == QuantType::Q4_1 {
-            let m = f16::from_f32(r.random_range(-0.2..0.2));
-            b[2..4].copy_from_slice(&m.to_bits().to_le_bytes());
-        }
-    }
-    bytes
+    crate::quant::dot::tests::random_blocks(r, ty, rows * cols / ty.block_elems())
 }
 
 /// `y = x · Wᵀ` in f64 over dequantised weights.
@@ -343,15 +333,27 @@ fn quantised_matmul_matches_dequantised_reference() {
     let gpu = require_gpu!();
     let mut r = rng(6);
     for ty in crate::cuda::GPU_BLOCK_TYPES {
-        // m below and from TILED_MIN_ROWS: both kernels; k not a multiple of the tile width too.
-        for (m, n, k) in [
-            (1, 1, 32),
-            (3, 5, 96),
-            (4, 17, 288),
-            (8, 64, 576),
-            (9, 130, 64),
-            (17, 33, 1536),
-        ] {
+        // m below and from TILED_MIN_ROWS: both kernels; k not a multiple of the tile width
+        // too (the 32-weight formats), one to several super-blocks and rows (the K-quants).
+        let shapes: &[(usize, usize, usize)] = if ty.is_k_quant() {
+            &[
+                (1, 1, 256),
+                (3, 5, 512),
+                (4, 17, 768),
+                (9, 130, 256),
+                (17, 33, 2048),
+            ]
+        } else {
+            &[
+                (1, 1, 32),
+                (3, 5, 96),
+                (4, 17, 288),
+                (8, 64, 576),
+                (9, 130, 64),
+                (17, 33, 1536),
+            ]
+        };
+        for &(m, n, k) in shapes {
             let bytes = random_blocks(&mut r, ty, n, k);
             let mut w = vec![0.0; n * k];
             ty.dequantize(&bytes, &mut w);

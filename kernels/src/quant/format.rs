@@ -82,10 +82,10 @@ impl QuantType {
         QuantType::Q2_K,
     ];
 
-    /// The types the CUDA matmul kernels read in place (feature `cuda`); a matrix of any other
-    /// type is uploaded as f16. Here, not in `cuda`, so a build without CUDA can plan a GPU's
-    /// memory.
-    pub const GPU_BLOCKS: [QuantType; 3] = [QuantType::Q4_0, QuantType::Q4_1, QuantType::Q8_0];
+    /// The types the CUDA matmul kernels read in place (feature `cuda`): all of them; a matrix
+    /// of a GGUF type without a CPU kernel (f16, bf16, f32) is uploaded as f16. Here, not in
+    /// `cuda`, so a build without CUDA can plan a GPU's memory.
+    pub const GPU_BLOCKS: [QuantType; 9] = QuantType::ALL;
 
     /// Whether this is a K-quant (256-weight super-blocks, Q8_K activations).
     pub fn is_k_quant(self) -> bool {

@@ -42,6 +42,8 @@ pub mod quantize_k;
 pub mod quantize_k_low;
 mod quantize_search;
 #[cfg(test)]
+mod tests_cuda_formats;
+#[cfg(test)]
 mod tests_k;
 #[cfg(test)]
 mod tests_quantize;

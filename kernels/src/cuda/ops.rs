@@ -5,7 +5,6 @@ use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::buffers::{GpuKvBuffer, GpuMatrix, GpuWeightFormat};
 use super::{CudaError, Gpu};
-use crate::QuantType;
 
 /// Threads of the element-wise and row kernels' blocks.
 const THREADS: u32 = 256;

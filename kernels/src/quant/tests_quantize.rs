@@ -242,9 +242,10 @@ fn a_huge_outlier_is_kept_and_its_neighbours_stay_finite() {
 
 /// Against ggml itself: `$TIDAL_GGML_QUANTIZE` names a program that reads f32 values on stdin
 /// and writes `quantize_row_<type>_ref` of them on stdout, given the type (`q4_k`, ...) as its
-/// argument (a few lines of C around `ggml-quants.c`). Skipped without one. With
-/// `ggml-quants.c` of llama.cpp 0c1e570 built `-O3 -march=native -ffp-contract=off` every
-/// block of every type is identical; with GCC's default contraction into FMAs a few K-quant
+/// argument (`scripts/ggml-oracle.c` around `ggml-quants.c`, built by `scripts/ggml-oracle.sh`;
+/// `scripts/test.sh` sets it). Skipped without one. With `ggml-quants.c` of llama.cpp 0c1e570
+/// built `-march=native -ffp-contract=off` every block of every type is identical; with GCC's
+/// default contraction into FMAs a few K-quant
 /// blocks differ (2 of 256 for Q4_K, 5 for Q6_K, 14 for Q2_K, the same squared error within
 /// 0.2%), which is what the bounds allow.
 #[test]

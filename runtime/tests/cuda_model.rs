@@ -15,7 +15,7 @@ use tidal_kernels::cuda::Gpu;
 use tidal_runtime::engine::{Device, EngineConfig};
 use tidal_runtime::model::{
     write_tiny_gguf, Architecture, CudaModel, ForwardBatch, ForwardSeq, KvDtype, KvStorage, Model,
-    ModelFile, TinySpec,
+    ModelFile, QuantizeTo, TinySpec,
 };
 
 fn gpu() -> Option<Arc<Gpu>> {
@@ -36,12 +36,19 @@ fn rel_distance(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Three steps of a mixed batch (prefills, a continued prefill, decodes) on CPU and GPU.
-fn compare_tiny(gpu: &Arc<Gpu>, spec: &TinySpec, kv_dtype: KvDtype) {
+/// `cpu_quantize`: how the CPU oracle loads the weights (`None`: as stored, with its 8-bit
+/// activations; `Some(QuantizeTo::F32)`: the f32 products the GPU kernels compute).
+fn compare_tiny(
+    gpu: &Arc<Gpu>,
+    spec: &TinySpec,
+    kv_dtype: KvDtype,
+    cpu_quantize: Option<QuantizeTo>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tiny.gguf");
     write_tiny_gguf(&path, spec).unwrap();
     let file = ModelFile::open(&path).unwrap();
-    let cpu = Model::load(&file, None).unwrap();
+    let cpu = Model::load(&file, cpu_quantize).unwrap();
     let (num_blocks, bs) = (32, 4);
     let mut kv = KvStorage::new(cpu.config(), kv_dtype, num_blocks, bs);
     let mut cuda = CudaModel::new(
@@ -151,8 +158,28 @@ fn tiny_models_match_the_cpu_forward_pass() {
                 dtype,
                 ..TinySpec::default()
             };
-            compare_tiny(&gpu, &spec, kv);
+            compare_tiny(&gpu, &spec, kv, None);
         }
+    }
+    // Q5_0 and the K-quants in their blocks on the GPU (the K-quants need rows of whole
+    // 256-weight super-blocks: hidden 256, FFN 512), against the same weights in f32 on the
+    // CPU: the GPU's products are f32 ones, where the CPU rounds the K-quants' activations to
+    // 8 bits per 256 values.
+    for dtype in [
+        GgmlDType::Q5_0,
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+    ] {
+        let spec = TinySpec {
+            dtype,
+            hidden: 256,
+            ffn: 512,
+            ..TinySpec::default()
+        };
+        compare_tiny(&gpu, &spec, KvDtype::F16, Some(QuantizeTo::F32));
     }
     // qwen2: Q/K/V biases and neox rope; untied output matrix; GQA group of 3.
     let qwen = TinySpec {
@@ -163,7 +190,7 @@ fn tiny_models_match_the_cpu_forward_pass() {
         tied_embeddings: false,
         ..TinySpec::default()
     };
-    compare_tiny(&gpu, &qwen, KvDtype::F32);
+    compare_tiny(&gpu, &qwen, KvDtype::F32, None);
 }
 
 #[test]

@@ -97,20 +97,3 @@ pub fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) ->
     }
     panic!("engine stopped without Done");
 }
-
-/// Records that the calling test skips, and why: cargo counts an early return as passed, so
-/// `scripts/test.sh` moves the tests named in `$TIDAL_SKIP_LOG` to skipped.
-pub fn skip(why: &str) {
-    use std::io::Write;
-    let test = std::thread::current().name().unwrap_or("?").to_owned();
-    eprintln!("skipped {test}: {why}");
-    if let Some(path) = std::env::var_os("TIDAL_SKIP_LOG") {
-        if let Ok(mut log) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-        {
-            let _ = writeln!(log, "{test}: {why}");
-        }
-    }
-}

@@ -7,6 +7,24 @@ use super::quantize_search::{
     f16_bytes, f16_round, make_qkx2_quants, make_qx_quants, nearest_int, Qkx2, GROUP_MAX_EPS,
 };
 
+/// ggml's `make_qkx2_quants` arguments for Q4_K's 32-weight groups (levels 0..=15).
+pub(super) const Q4K_SEARCH: Qkx2 = Qkx2 {
+    nmax: 15,
+    rmin: -1.0,
+    rdelta: 0.1,
+    nstep: 20,
+    use_mad: false,
+};
+
+/// The same for Q5_K (levels 0..=31).
+const Q5K_SEARCH: Qkx2 = Qkx2 {
+    nmax: 31,
+    rmin: -0.5,
+    rdelta: 0.1,
+    nstep: 15,
+    use_mad: false,
+};
+
 /// Checks the lengths every quantiser shares: whole super-blocks in, one block each out.
 fn check(x: &[f32], out: &[u8], block_bytes: usize) {
     assert!(
@@ -102,13 +120,7 @@ fn pack_scales_and_requantize(
 pub fn quantize_q4_k(x: &[f32], out: &mut [u8]) {
     const BYTES: usize = 144;
     check(x, out, BYTES);
-    let p = Qkx2 {
-        nmax: 15,
-        rmin: -1.0,
-        rdelta: 0.1,
-        nstep: 20,
-        use_mad: false,
-    };
+    let p = Q4K_SEARCH;
     let mut levels = [0u8; QK_K];
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(BYTES)) {
         let (scales, mins) = sub_block_scales(xb, p, &mut levels);
@@ -129,13 +141,7 @@ pub fn quantize_q4_k(x: &[f32], out: &mut [u8]) {
 pub fn quantize_q5_k(x: &[f32], out: &mut [u8]) {
     const BYTES: usize = 176;
     check(x, out, BYTES);
-    let p = Qkx2 {
-        nmax: 31,
-        rmin: -0.5,
-        rdelta: 0.1,
-        nstep: 15,
-        use_mad: false,
-    };
+    let p = Q5K_SEARCH;
     let mut levels = [0u8; QK_K];
     for (xb, yb) in x.chunks_exact(QK_K).zip(out.chunks_exact_mut(BYTES)) {
         let (scales, mins) = sub_block_scales(xb, p, &mut levels);

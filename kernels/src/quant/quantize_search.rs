@@ -254,13 +254,7 @@ mod tests {
         assert_eq!(l, [0; 16]);
         assert_eq!(make_q3_quants(4, &x, &mut l), 0.0);
         let mut u = [5u8; 16];
-        let p = Qkx2 {
-            nmax: 15,
-            rmin: -1.0,
-            rdelta: 0.1,
-            nstep: 20,
-            use_mad: false,
-        };
+        let p = crate::quant::quantize_k::Q4K_SEARCH;
         assert_eq!(make_qkx2_quants(p, &x, &[1.0; 16], &mut u), (0.0, 0.0));
         assert_eq!(u, [0; 16]);
     }

@@ -7,9 +7,10 @@
 use std::io::Write;
 use std::path::Path;
 
+use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::GgmlDType;
 
-use super::gguf_write::ggml_type_id;
+use super::gguf_write::{self, TensorEntry, DEFAULT_ALIGNMENT};
 use crate::quantize::use_more_bits;
 
 /// The tensor types of a generated file.
@@ -122,14 +123,9 @@ impl ShapeSpec {
     }
 }
 
-/// GGUF's alignment of tensor data.
-const ALIGNMENT: u64 = 32;
-
 /// Writes `spec`'s header to `path` and sizes the file to hold every tensor, without writing
 /// the data (it reads as zeros).
 pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
-    let mut header = Vec::new();
-    let tensors = spec.tensors();
     let arch = "llama";
     let uints = [
         ("context_length", spec.context),
@@ -140,41 +136,29 @@ pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
         ("attention.head_count_kv", spec.kv_heads),
         ("vocab_size", spec.vocab),
     ];
-    header.extend(b"GGUF");
-    header.extend(3u32.to_le_bytes());
-    header.extend((tensors.len() as u64).to_le_bytes());
-    header.extend((2 + uints.len() as u64).to_le_bytes());
-    let string = |out: &mut Vec<u8>, s: &str| {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
+    let mut metadata = vec![
+        (
+            "general.architecture".to_owned(),
+            Value::String(arch.into()),
+        ),
+        ("general.name".to_owned(), Value::String(spec.name.clone())),
+    ];
+    metadata.extend(
+        uints
+            .iter()
+            .map(|(key, v)| (format!("{arch}.{key}"), Value::U32(*v as u32))),
+    );
+    let tensors: Vec<TensorEntry> = spec
+        .tensors()
+        .into_iter()
+        .map(|(name, dims, dtype)| TensorEntry { name, dims, dtype })
+        .collect();
+    let (header, offsets) = gguf_write::header(&metadata, &tensors, DEFAULT_ALIGNMENT)?;
+    let data = match (offsets.last(), tensors.last()) {
+        (Some(at), Some(t)) => (at + t.bytes()).next_multiple_of(DEFAULT_ALIGNMENT),
+        _ => 0,
     };
-    const STRING: u32 = 8;
-    const UINT32: u32 = 4;
-    for (key, value) in [("general.architecture", arch), ("general.name", &spec.name)] {
-        string(&mut header, key);
-        header.extend(STRING.to_le_bytes());
-        string(&mut header, value);
-    }
-    for (key, value) in uints {
-        string(&mut header, &format!("{arch}.{key}"));
-        header.extend(UINT32.to_le_bytes());
-        header.extend((value as u32).to_le_bytes());
-    }
-    let mut offset = 0u64;
-    for (name, dims, dtype) in &tensors {
-        string(&mut header, name);
-        header.extend((dims.len() as u32).to_le_bytes());
-        for d in dims {
-            header.extend(d.to_le_bytes());
-        }
-        header.extend(ggml_type_id(*dtype).to_le_bytes());
-        header.extend(offset.to_le_bytes());
-        let elems: u64 = dims.iter().product();
-        let bytes = elems / dtype.block_size() as u64 * dtype.type_size() as u64;
-        offset = (offset + bytes).next_multiple_of(ALIGNMENT);
-    }
-    header.resize(header.len().next_multiple_of(ALIGNMENT as usize), 0);
     let mut file = std::fs::File::create(path)?;
     file.write_all(&header)?;
-    file.set_len(header.len() as u64 + offset)
+    file.set_len(header.len() as u64 + data)
 }

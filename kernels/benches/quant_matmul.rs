@@ -81,7 +81,8 @@ fn bench(c: &mut Criterion) {
     let cases = QuantType::BLOCK32.into_iter().flat_map(|ty| {
         let mut shapes = vec![(576, 576), (576, 1536), (1536, 576)];
         if ty == QuantType::Q8_0 {
-            shapes.push((576, 49152));
+            // The LM heads of SmolLM2 and Gemma 3 (178 MB: most of Gemma 3's decode step).
+            shapes.extend([(576, 49152), (640, 262144)]);
         }
         shapes
             .into_iter()
@@ -102,7 +103,7 @@ fn bench(c: &mut Criterion) {
             let shape = format!("{ty:?}_m{m}_k{k}_n{n}").to_lowercase();
             group.throughput(Throughput::Bytes(w.len() as u64));
             let kernels: &[DotKernel] = if m == 1 {
-                &[DotKernel::Avx2]
+                &[DotKernel::Avx512Vnni, DotKernel::Avx2]
             } else {
                 &[
                     DotKernel::Amx,

@@ -25,6 +25,7 @@ pub mod rope;
 mod simd;
 #[cfg(target_arch = "x86_64")]
 mod vexp;
+pub mod warm;
 
 pub use activation::{gelu_mul, silu_mul};
 pub use attention::{paged_attention, paged_attention_windowed, AttentionSeq};
@@ -43,6 +44,7 @@ pub use quant::q5_0::{dequantize_q5_0, Q5_0_BLOCK_BYTES};
 pub use quant::q8_0::{dequantize_q8_0, Q8_0_BLOCK_BYTES};
 pub use quant::quantize_32::{dequantize_q5_1, quantize_q5_1, Q5_1_BLOCK_BYTES};
 pub use rope::{Rope, RopeStyle};
+pub use warm::with_warm_workers;
 
 /// Work (in elements) below which splitting across rayon threads costs more than it saves.
 pub(crate) const PAR_MIN_ELEMS: usize = 1 << 14;

@@ -393,6 +393,10 @@ fn run_k<K: KFormat>(
     let kpanels = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
         && m >= KPANEL16_MIN_ROWS)
         .then(|| xq.kpanels16());
+    // Only for the formats whose scales cover 32 weights: with 16-weight spans the tile
+    // products' stores and per-span scaling cost what the AMX unit saves (measured with
+    // criterion at m = 128: Q6_K and Q3_K within 3 % of the AVX-512 GEMM, Q2_K 2-7 % slower).
+    let amx = kernel == DotKernel::Amx && m >= AMX_MIN_ROWS && K::SCALE_SPAN == 32;
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -403,18 +407,19 @@ fn run_k<K: KFormat>(
         let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, cols) };
         #[cfg(target_arch = "x86_64")]
         if simd {
-            // SAFETY: every SIMD kernel implies AVX2, FMA and F16C, and `kpanels` is only
-            // built for AVX-512 VNNI ones (support asserted above); shapes follow from the
-            // asserts above; panels are built from `xq`.
+            // SAFETY: every SIMD kernel implies AVX2, FMA and F16C, `kpanels` is only built
+            // for AVX-512 VNNI ones and `amx` only set for AMX (support asserted above);
+            // shapes follow from the asserts above; panels are built from `xq`.
             unsafe {
-                match kpanels {
-                    Some(p) => super::kgemm_avx512::gemm::<K>(wr, cols, nb, p, m, &mut o),
-                    None => super::kdot_avx2::rows::<K>(wr, cols, nb, &rows, &mut o),
+                match (kpanels, amx) {
+                    (Some(p), true) => super::kgemm_amx::gemm::<K>(wr, cols, nb, p, m, &mut o),
+                    (Some(p), false) => super::kgemm_avx512::gemm::<K>(wr, cols, nb, p, m, &mut o),
+                    (None, _) => super::kdot_avx2::rows::<K>(wr, cols, nb, &rows, &mut o),
                 }
             };
             return;
         }
-        let _ = (simd, kpanels);
+        let _ = (simd, kpanels, amx);
         for i0 in (0..m).step_by(M_TILE) {
             for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
                 for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
@@ -654,6 +659,10 @@ pub(crate) mod tests {
             (17, 256, 40),
             (65, 512, 19),
             (130, 256, 33),
+            // The AMX GEMM (from AMX_MIN_ROWS rows): whole groups of 16 weight rows only,
+            // and three groups over eight super-blocks.
+            (49, 768, 16),
+            (64, 2048, 48),
         ];
         for _ in 0..8 {
             s.push((

@@ -21,6 +21,8 @@ mod gemm_avx512;
 mod kdot_avx2;
 pub mod kformat;
 #[cfg(target_arch = "x86_64")]
+mod kgemm_amx;
+#[cfg(target_arch = "x86_64")]
 mod kgemm_avx512;
 mod kpanel16;
 pub mod matmul;

@@ -1,8 +1,8 @@
 use std::time::Instant;
 
 use tidal_kernels::{
-    gelu_mul, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul, write_kv,
-    AttentionSeq, Rope, RopeStyle,
+    gelu_mul, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul, with_warm_workers,
+    write_kv, AttentionSeq, Rope, RopeStyle,
 };
 
 use super::batch::{embed, BatchLayout};
@@ -106,8 +106,18 @@ impl Model {
     }
 
     /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, the rows
-    /// each sequence's `num_logits` asks for, in batch and position order.
+    /// each sequence's `num_logits` asks for, in batch and position order. The pool's other
+    /// threads spin for the length of the pass ([`with_warm_workers`]) instead of sleeping
+    /// between its kernels.
     pub fn forward(
+        &self,
+        batch: &ForwardBatch<'_>,
+        kv: &mut KvStorage,
+    ) -> Result<Vec<f32>, ModelError> {
+        with_warm_workers(|| self.run_batch(batch, kv))
+    }
+
+    fn run_batch(
         &self,
         batch: &ForwardBatch<'_>,
         kv: &mut KvStorage,

@@ -33,10 +33,47 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
     }
 }
 
+/// Lanes of the vocabulary scans: independent running maxima, so the loop is one vector
+/// compare-and-select per 16 logits rather than a chain of dependent scalar `max`es (which
+/// took ~0.3 ms per token over Gemma 3's 262k vocabulary).
+const LANES: usize = 16;
+
+/// The largest value of `xs`, ignoring NaNs; `-inf` when empty or all NaN.
+pub(crate) fn max_value(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            // `x > m` is false for a NaN `x`: NaNs never win.
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &x in lanes.iter().chain(tail) {
+        max = if x > max { x } else { max };
+    }
+    max
+}
+
+/// Index of the first value equal to `max` (a value of `xs`), or 0 when none is. Whole
+/// chunks are tested with a branch-free `any`, so only the chunk that holds it is scanned
+/// element by element.
+pub(crate) fn first_index_of(xs: &[f32], max: f32) -> usize {
+    let mut base = 0;
+    for c in xs.chunks(LANES) {
+        if c.iter().fold(false, |any, &x| any | (x == max)) {
+            return base + c.iter().position(|&x| x == max).unwrap_or(0);
+        }
+        base += c.len();
+    }
+    0
+}
+
 /// `log(sum(exp(logits)))`, computed stably (max-subtracted). Returns `-inf` for an empty or
 /// all `-inf` slice.
 pub(crate) fn log_sum_exp(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_value(logits);
     if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
@@ -82,6 +119,35 @@ pub(crate) fn top_logprobs(logits: &[f32], n: usize, lse: f32) -> Vec<(u32, f32)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_and_first_index_match_a_plain_scan() {
+        let mut state = 7u64;
+        for len in [0usize, 1, 5, 15, 16, 17, 31, 33, 100, 1000] {
+            let mut xs: Vec<f32> = (0..len)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((state >> 40) % 50) as f32 - 25.0
+                })
+                .collect();
+            if len > 3 {
+                xs[len / 2] = f32::NAN;
+                xs[1] = f32::NEG_INFINITY;
+            }
+            let want = xs
+                .iter()
+                .copied()
+                .filter(|x| !x.is_nan())
+                .fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(max_value(&xs), want, "len {len}");
+            let first = xs.iter().position(|&x| x == want).unwrap_or(0);
+            assert_eq!(first_index_of(&xs, want), first, "len {len}");
+        }
+        assert_eq!(max_value(&[f32::NAN, f32::NAN]), f32::NEG_INFINITY);
+        assert_eq!(first_index_of(&[f32::NAN, 1.0], f32::NEG_INFINITY), 0);
+    }
 
     #[test]
     fn exp_neg_matches_libm() {

@@ -157,13 +157,7 @@ impl Sampler {
 
 /// Index of the largest logit, ties to the lowest id (0 for an empty slice).
 pub(crate) fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
+    logprobs::first_index_of(logits, logprobs::max_value(logits)) as u32
 }
 
 #[cfg(test)]

@@ -1,27 +1,28 @@
-//! The batched Q4_K and Q5_K matmul on AMX ([`crate::amx`]): for 16 weight rows × 16
-//! activation rows, each 32-weight scale span's integer sums in one tile instruction.
+//! The batched Q4_K and Q5_K matmul on AMX ([`crate::amx`]): a super-block's exact integer
+//! sums for 16 weight rows × 16 activation rows in eight tile instructions, with the scales
+//! inside the tiles.
 //!
-//! The AVX-512 K-quant GEMM ([`super::kgemm_avx512`]) spends 64 `vpdpbusd` per weight row and
-//! super-block on a 16-row panel; here one `tdpbusd` per span (eight per super-block) makes
-//! the span's sums for 16 weight rows at once. The
-//! vector units then weigh each span by its scale (one load, `vpmulld` and add per weight
-//! row), add the offsets' term (eight `vpdpwssd` per weight row and super-block, as the
-//! AVX-512 GEMM) and run the float steps. The tiles:
-//!
-//! - A: 16 weight rows × the span's `q` bytes, from the super-blocks of the 16 rows unpacked
-//!   once per group of rows into a 4 KiB buffer (a row's 256 values, row after row).
-//! - B: the Q8_K panel's span ([`super::kpanel16`]): rows of 16 activation rows × 4
-//!   consecutive values, the layout the tile product wants.
-//! - C: `C[n][l]` = Σ q·q8 of weight row n and activation row l over the span.
-//!
-//! As in [`super::gemm_amx`], the tile product of a span is made [`LEAD`] spans before the
-//! vector units read it back, on alternating tile sets, so neither unit waits on the other.
+//! The scales vary every 32 weights, and a tile product sums over 64, so the products cannot
+//! simply be weighed afterwards. Instead each 6-bit scale is split as `sc = 8 · hi + lo`
+//! (`hi`, `lo` in 0..8) and the weights are stored twice, once times `lo` and once times `hi`:
+//! both fit a byte (at most 31 · 7 = 217), so `tdpbusd` takes them as they are, and
+//! `isum = Σ q·lo·x + 8 · Σ q·hi·x` exactly. Per super-block: four products into `C_lo` and
+//! four into `C_hi` (64 weights each), two tile stores, and per weight row two loads, a shift
+//! and an add; the AVX-512 GEMM ([`super::kgemm_avx512`]) spends 64 `vpdpbusd` and eight
+//! `vpmulld` per weight row instead. The offsets meet the activations' 16-value sums in eight
+//! `vpdpwssd` per weight row, and the float steps run on the vector units, as there.
 //!
 //! Measured on a 2-core Xeon with AMX (criterion `quant_matmul/tidal_{amx,avx512vnni}/
-//! q{4,5}_k_m128_k{1024,2048}_n640`, 2 threads): 0.80-0.92× the AVX-512 GEMM's time. The
-//! vector side bounds it: per span a tile store and, per weight row, a load, a `vpmulld` and
-//! an add. Formats with 16-weight spans do twice that and gain nothing, so they stay on the
-//! AVX-512 GEMM.
+//! q{4,5}_k_m128_k{1024,2048}_n640`, 2 threads, which includes quantising and interleaving
+//! the activations): 0.68-0.82× the AVX-512 GEMM's time. Weighing each 32-weight span's tile
+//! product on the vector units instead (a store, and per weight row a load, `vpmulld` and
+//! add) gave 0.80-0.92×; moving the offsets' term into a third tile product gave nothing.
+//!
+//! The tiles: A (tmm0, tmm1), 16 weight rows × 64 bytes of the `lo` and `hi` copies, unpacked
+//! once per group of 16 rows; B (tmm2, tmm3 in turn), the Q8_K panel's 64 values
+//! ([`super::kpanel16`]: rows of 16 activation rows × 4 consecutive values, the layout the
+//! tile product wants); C (tmm4, tmm5), `C[n][l]` for weight row n and activation row l. A
+//! super-block's products are made [`LEAD`] super-blocks before the vector units read them.
 //!
 //! Every output follows the common arithmetic ([`super::kformat`]): `isum` and `msum` are
 //! exact in i32, super-block `b` feeds chain `b % 4` with the scalar reference's FMAs, in
@@ -42,32 +43,34 @@ use crate::prefetch;
 /// Weight rows per tile product (a tile's 16 rows).
 const GROUP: usize = 16;
 
-/// Weights per scale span: the kernel serves the formats whose scales cover 32 weights
-/// (Q4_K, Q5_K; see [`super::matmul`] for why not the others).
+/// Weights per tile product (a tile row's 64 bytes).
+const TK: usize = 64;
+
+/// Weights per scale in the formats this kernel serves (Q4_K, Q5_K).
 const SPAN: usize = 32;
 
-/// Two sets of tiles (0-2 and 3-5), each A 16 × 32 bytes, B 8 × 64 bytes, C 16 × 16 i32.
+/// A (`lo`, `hi`), B (two, in turn) and C (`lo`, `hi`): all 16 rows × 64 bytes.
 const CONFIG: TileConfig = TileConfig::new()
-    .tile(0, GROUP as u8, SPAN as u16)
-    .tile(1, (SPAN / 4) as u8, 64)
-    .tile(2, GROUP as u8, 64)
-    .tile(3, GROUP as u8, SPAN as u16)
-    .tile(4, (SPAN / 4) as u8, 64)
+    .tile(0, GROUP as u8, TK as u16)
+    .tile(1, GROUP as u8, TK as u16)
+    .tile(2, (TK / 4) as u8, 64)
+    .tile(3, (TK / 4) as u8, 64)
+    .tile(4, GROUP as u8, 64)
     .tile(5, GROUP as u8, 64);
 
-/// Spans between a tile product and the scaling that reads it (see the module docs).
+/// Super-blocks between a tile product and the scaling that reads it.
 const LEAD: usize = 2;
 
-/// C buffers in flight: the [`LEAD`] spans ahead and the one being scaled.
+/// Sums in flight: the [`LEAD`] super-blocks ahead and the one being scaled.
 const RING: usize = LEAD + 1;
 
 /// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and all `m` activation rows in
 /// `panels` (`m.div_ceil(16)` panels of `nb` super-blocks).
 ///
 /// # Safety
-/// [`amx::available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; `K`'s
-/// scales cover 32 weights; `w` is `rows` rows of `nb` super-blocks of `K`; `panels` holds
-/// `m.div_ceil(16) * nb` blocks.
+/// [`amx::available`] returned true; AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; `K`
+/// is Q4_K or Q5_K (6-bit scales over 32 weights, values below 32); `w` is `rows` rows of
+/// `nb` super-blocks of `K`; `panels` holds `m.div_ceil(16) * nb` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn gemm<K: KFormat>(
     w: &[u8],
@@ -120,7 +123,7 @@ pub(super) unsafe fn gemm<K: KFormat>(
     }
 }
 
-/// A 16 × 256-byte A buffer: one super-block of 16 weight rows as unsigned bytes.
+/// A 16 × 256-byte A buffer: one super-block of 16 weight rows, row after row.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct QTile([u8; GROUP * QK_K]);
@@ -130,44 +133,53 @@ struct QTile([u8; GROUP * QK_K]);
 #[derive(Clone, Copy)]
 struct TileI32([i32; GROUP * 16]);
 
+/// One super-block's two tile products.
+#[derive(Clone, Copy)]
+struct Sums {
+    lo: TileI32,
+    hi: TileI32,
+}
+
 /// One group of 16 weight rows, unpacked once for all panels.
 struct Group {
-    /// `q[b]`: super-block b of the 16 rows.
-    q: Vec<QTile>,
-    /// `sc[(16 b + n) · 16 + g]`: row n's scale of group g in super-block b.
-    sc: Vec<i32>,
+    /// `lo[b]`, `hi[b]`: super-block b of the 16 rows, each value times its scale's low and
+    /// high three bits.
+    lo: Vec<QTile>,
+    hi: Vec<QTile>,
     /// `mn[(16 b + n) · 8 + h]`: row n's offsets of groups 2h and 2h + 1, an i16 pair.
     mn: Vec<i32>,
     /// `d[16 b + n]` and `dmin[16 b + n]`.
     d: Vec<f32>,
     dmin: Vec<f32>,
     /// The tile products waiting to be scaled.
-    ring: [TileI32; RING],
+    ring: [Sums; RING],
 }
 
 impl Group {
     fn new(nb: usize) -> Self {
+        let tile = QTile([0; GROUP * QK_K]);
+        let sums = TileI32([0; GROUP * 16]);
         Self {
-            q: vec![QTile([0; GROUP * QK_K]); nb],
-            sc: vec![0; nb * GROUP * GROUPS],
+            lo: vec![tile; nb],
+            hi: vec![tile; nb],
             mn: vec![0; nb * GROUP * GROUPS / 2],
             d: vec![0.0; nb * GROUP],
             dmin: vec![0.0; nb * GROUP],
-            ring: [TileI32([0; GROUP * 16]); RING],
+            ring: [Sums { lo: sums, hi: sums }; RING],
         }
     }
 
     /// Unpacks the `nb` super-blocks of the 16 rows in `wg`.
     ///
     /// # Safety
-    /// AVX2, AVX-512F/BW and F16C available; `wg` is 16 rows of `nb` super-blocks of `K`.
+    /// AVX2 and F16C available; `wg` is 16 rows of `nb` super-blocks of `K` (Q4_K or Q5_K).
     #[inline(always)]
     unsafe fn prepare<K: KFormat>(&mut self, wg: &[u8], nb: usize) {
         let row_bytes = nb * K::BLOCK_BYTES;
         debug_assert_eq!(wg.len(), GROUP * row_bytes);
         // SAFETY (whole body): every super-block read is inside wg; every store stays inside
-        // the buffers sized by `new(nb)` (q: 32 bytes at 256 n + 32 c of a 4 KiB tile; sc: 16
-        // i32 at 16 (16 b + n); mn: 8 i32 at 8 (16 b + n)).
+        // the buffers sized by `new(nb)` (lo, hi: 32 bytes at 256 n + 32 c of a 4 KiB tile;
+        // mn: 8 i32 at 8 (16 b + n)).
         unsafe {
             for b in 0..nb {
                 for n in 0..GROUP {
@@ -178,15 +190,26 @@ impl Group {
                         K::BLOCK_BYTES.div_ceil(prefetch::LINE),
                     );
                     let k = K::unpack_avx2(wb);
-                    let q = self.q.get_unchecked_mut(b).0.as_mut_ptr().add(QK_K * n);
-                    for (c, v) in k.q.iter().enumerate() {
-                        _mm256_store_si256(q.add(32 * c) as *mut __m256i, *v);
+                    let mut sc = [0i16; GROUPS];
+                    _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, k.sc);
+                    let lo = self.lo.get_unchecked_mut(b).0.as_mut_ptr().add(QK_K * n);
+                    let hi = self.hi.get_unchecked_mut(b).0.as_mut_ptr().add(QK_K * n);
+                    // k.q[c] is span c (weights 32c..32c + 32), whose scale is sc[2c]. A
+                    // 16-bit multiply by a factor below 8 multiplies each byte: the low
+                    // byte's product stays below 256, so nothing carries into the high one.
+                    for (c, q) in k.q.iter().enumerate() {
+                        let s = sc[SPAN / 16 * c];
+                        let (l, h) = (_mm256_set1_epi16(s & 7), _mm256_set1_epi16(s >> 3));
+                        _mm256_store_si256(
+                            lo.add(SPAN * c) as *mut __m256i,
+                            _mm256_mullo_epi16(*q, l),
+                        );
+                        _mm256_store_si256(
+                            hi.add(SPAN * c) as *mut __m256i,
+                            _mm256_mullo_epi16(*q, h),
+                        );
                     }
                     let at = GROUP * b + n;
-                    _mm512_storeu_si512(
-                        self.sc.as_mut_ptr().add(GROUPS * at) as *mut __m512i,
-                        _mm512_cvtepi16_epi32(k.sc),
-                    );
                     _mm256_storeu_si256(
                         self.mn.as_mut_ptr().add(GROUPS / 2 * at) as *mut __m256i,
                         k.mn,
@@ -207,40 +230,29 @@ impl Group {
     #[inline(always)]
     unsafe fn products<K: KFormat>(&mut self, panel: &[KPanel16Block]) -> [__m512; GROUP] {
         let nb = panel.len();
-        let spans = QK_K / SPAN;
-        let total = nb * spans;
-        for i in 0..LEAD.min(total) {
+        for b in 0..LEAD.min(nb) {
             // SAFETY: by the caller's contract.
-            unsafe { self.stage::<K>(panel, i, spans) };
+            unsafe { self.stage(panel, b) };
         }
         let mut chains = [[_mm512_setzero_ps(); GROUP]; CHAINS];
-        let mut isum = [_mm512_setzero_si512(); GROUP];
-        for i in 0..total {
-            if i + LEAD < total {
+        for b in 0..nb {
+            if b + LEAD < nb {
                 // SAFETY: by the caller's contract.
-                unsafe { self.stage::<K>(panel, i + LEAD, spans) };
+                unsafe { self.stage(panel, b + LEAD) };
             }
-            let (b, t) = (i / spans, i % spans);
-            // SAFETY: span i's product was staged LEAD spans ago into its ring slot; sc holds
-            // super-block b's scales.
-            unsafe {
-                let c = self.ring.get_unchecked(i % RING).0.as_ptr();
-                // The span's first group's scale: for 32-weight spans both groups share it.
-                let g = t * SPAN / 16;
-                let sc = self.sc.as_ptr().add(GROUPS * GROUP * b + g);
-                for (n, s) in isum.iter_mut().enumerate() {
-                    let dot = _mm512_load_si512(c.add(16 * n) as *const __m512i);
-                    let scale = _mm512_set1_epi32(*sc.add(GROUPS * n));
-                    *s = _mm512_add_epi32(*s, _mm512_mullo_epi32(dot, scale));
-                }
-            }
-            if t + 1 == spans {
-                // SAFETY: b is a block of the panel and of the prepared group.
-                unsafe {
-                    self.finish::<K>(panel.get_unchecked(b), b, &isum, &mut chains[b % CHAINS])
-                };
-                isum = [_mm512_setzero_si512(); GROUP];
-            }
+            // SAFETY: super-block b's products were staged LEAD super-blocks ago into its
+            // ring slot.
+            let isum: [__m512i; GROUP] = unsafe {
+                let sums = self.ring.get_unchecked(b % RING);
+                let (lo, hi) = (sums.lo.0.as_ptr(), sums.hi.0.as_ptr());
+                std::array::from_fn(|n| {
+                    let l = _mm512_load_si512(lo.add(16 * n) as *const __m512i);
+                    let h = _mm512_load_si512(hi.add(16 * n) as *const __m512i);
+                    _mm512_add_epi32(l, _mm512_slli_epi32::<3>(h))
+                })
+            };
+            // SAFETY: b is a block of the panel and of the prepared group.
+            unsafe { self.finish::<K>(panel.get_unchecked(b), b, &isum, &mut chains[b % CHAINS]) };
         }
         std::array::from_fn(|n| {
             _mm512_add_ps(
@@ -250,25 +262,32 @@ impl Group {
         })
     }
 
-    /// Span `i` (super-block `i / spans`, span `i % spans`): its tile product into ring slot
-    /// `i % RING`, on tile set `i % 2`.
+    /// Super-block `b`'s two tile products, over its four 64-weight parts, into ring slot
+    /// `b % RING`.
     ///
     /// # Safety
-    /// As [`Group::products`]; `i < panel.len() · spans`.
+    /// As [`Group::products`]; `b < panel.len()`.
     #[inline(always)]
-    unsafe fn stage<K: KFormat>(&mut self, panel: &[KPanel16Block], i: usize, spans: usize) {
-        let (b, t) = (i / spans, i % spans);
-        // SAFETY: the A rows are 16 rows of 256 bytes (span bytes from t · span); the B rows
-        // are span / 4 rows of 64 bytes inside the panel block's qs; the ring slot is 1 KiB.
+    unsafe fn stage(&mut self, panel: &[KPanel16Block], b: usize) {
+        // SAFETY: the A rows are 16 rows of 256 bytes (64 from 64 c); the B rows are 16 rows
+        // of 64 bytes inside the panel block's qs; the ring slot's tiles are 1 KiB each.
         unsafe {
-            let a = self.q.get_unchecked(b).0.as_ptr().add(t * SPAN);
-            let bq = panel.get_unchecked(b).qs[t * SPAN / 4].as_ptr() as *const u8;
-            let c = self.ring.get_unchecked_mut(i % RING).0.as_mut_ptr() as *mut u8;
-            if i.is_multiple_of(2) {
-                tile_span::<0, 1, 2>(a, bq, c);
-            } else {
-                tile_span::<3, 4, 5>(a, bq, c);
+            let lo = self.lo.get_unchecked(b).0.as_ptr();
+            let hi = self.hi.get_unchecked(b).0.as_ptr();
+            let qs = &panel.get_unchecked(b).qs;
+            amx::zero::<4>();
+            amx::zero::<5>();
+            for c in 0..QK_K / TK {
+                let bq = qs[TK / 4 * c].as_ptr() as *const u8;
+                if c % 2 == 0 {
+                    parts::<2>(lo.add(TK * c), hi.add(TK * c), bq);
+                } else {
+                    parts::<3>(lo.add(TK * c), hi.add(TK * c), bq);
+                }
             }
+            let sums = self.ring.get_unchecked_mut(b % RING);
+            amx::store::<4>(sums.lo.0.as_mut_ptr() as *mut u8, 64);
+            amx::store::<5>(sums.hi.0.as_mut_ptr() as *mut u8, 64);
         }
     }
 
@@ -315,20 +334,19 @@ impl Group {
     }
 }
 
-/// One span's tile product into `c`: tile `C` = tile `A` (16 weight rows at `a`, 256 bytes
-/// apart) · tile `B` (the panel's span at `b`).
+/// One 64-weight part of a super-block: `C_lo += A_lo · B` and `C_hi += A_hi · B`, with the
+/// 16 weight rows at `lo` and `hi` (256 bytes apart) and the panel's part at `b`, in tile `B`.
 ///
 /// # Safety
-/// Tiles configured as [`CONFIG`]; the tile rows readable (A, B) and
-/// writable (C).
+/// Tiles configured as [`CONFIG`]; the tile rows readable.
 #[inline(always)]
-unsafe fn tile_span<const A: u8, const B: u8, const C: u8>(a: *const u8, b: *const u8, c: *mut u8) {
+unsafe fn parts<const B: u8>(lo: *const u8, hi: *const u8, b: *const u8) {
     // SAFETY: by the caller's contract.
     unsafe {
-        amx::zero::<C>();
-        amx::load::<A>(a, QK_K);
         amx::load::<B>(b, 64);
-        amx::dot::<C, A, B>(false);
-        amx::store::<C>(c, 64);
+        amx::load::<0>(lo, QK_K);
+        amx::dot::<4, 0, B>(false);
+        amx::load::<1>(hi, QK_K);
+        amx::dot::<5, 1, B>(false);
     }
 }

@@ -16,7 +16,8 @@
 //! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
 //! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
 //! with AVX-512 VNNI from [`KPANEL16_MIN_ROWS`] rows, a 16-row panel GEMM
-//! (`kgemm_avx512`). Every path computes
+//! (`kgemm_avx512`), and with AMX, for Q4_K and Q5_K from [`AMX_MIN_ROWS`] rows, tile
+//! products (`kgemm_amx`). Every path computes
 //! each output with the same operations in the same order ([`super::format`]), so a row's
 //! result does not depend on the batch it is in.
 
@@ -393,9 +394,10 @@ fn run_k<K: KFormat>(
     let kpanels = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
         && m >= KPANEL16_MIN_ROWS)
         .then(|| xq.kpanels16());
-    // Only for the formats whose scales cover 32 weights: with 16-weight spans the tile
-    // products' stores and per-span scaling cost what the AMX unit saves (measured with
-    // criterion at m = 128: Q6_K and Q3_K within 3 % of the AVX-512 GEMM, Q2_K 2-7 % slower).
+    // Q4_K and Q5_K only (6-bit unsigned scales over 32 weights): `kgemm_amx` splits each
+    // scale into two 3-bit factors folded into the weight bytes, which Q6_K's and Q3_K's
+    // signed scales do not allow. (Weighing every span's tile product on the vector units
+    // instead measured within 3 % of the AVX-512 GEMM for the 16-weight-span formats.)
     let amx = kernel == DotKernel::Amx && m >= AMX_MIN_ROWS && K::SCALE_SPAN == 32;
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {

@@ -35,6 +35,7 @@ use std::arch::x86_64::*;
 use super::format::CHAINS;
 use super::gemm_avx512::store;
 use super::kformat::{KFormat, GROUPS, QK_K};
+use super::kgemm_avx512::accumulate16;
 use super::kpanel16::{KPanel16Block, KPANEL_ROWS};
 use super::matmul::OutCols;
 use crate::amx::{self, TileConfig};
@@ -319,16 +320,8 @@ impl Group {
                     msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(*mn.add(h)), *v);
                 }
                 let dv = _mm512_set1_ps(*self.d.get_unchecked(at));
-                // The scalar reference's steps ([`super::kformat::accumulate`]): `fnmadd` is
-                // `fma(−msum, dmin · d8, acc)` with the same single rounding.
-                if K::HAS_DMIN {
-                    let dm = _mm512_set1_ps(*self.dmin.get_unchecked(at));
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[n]), _mm512_mul_ps(dv, d8), *a);
-                    *a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, d8), *a);
-                } else {
-                    let diff = _mm512_sub_epi32(isum[n], msum);
-                    *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(diff), _mm512_mul_ps(dv, d8), *a);
-                }
+                let dm = _mm512_set1_ps(*self.dmin.get_unchecked(at));
+                *a = accumulate16::<K>(*a, isum[n], msum, dv, dm, d8);
             }
         }
     }

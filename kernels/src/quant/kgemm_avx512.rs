@@ -272,16 +272,32 @@ unsafe fn block<K: KFormat, const R: usize, const P: usize>(
         for p in 0..P {
             // SAFETY: d is 16 floats, 64-byte aligned inside the panel block.
             let d8 = unsafe { _mm512_load_ps(pb[p].d.as_ptr()) };
-            let a = &mut acc[r][p];
-            // The scalar reference's steps ([`super::kformat::accumulate`]): `fnmadd` is
-            // `fma(−msum, dmin · d8, acc)` with the same single rounding.
-            if K::HAS_DMIN {
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][p]), _mm512_mul_ps(dv, d8), *a);
-                *a = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[r][p]), _mm512_mul_ps(dm, d8), *a);
-            } else {
-                let diff = _mm512_sub_epi32(isum[r][p], msum[r][p]);
-                *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(diff), _mm512_mul_ps(dv, d8), *a);
-            }
+            // SAFETY: AVX-512F and FMA by the caller's contract.
+            acc[r][p] = unsafe { accumulate16::<K>(acc[r][p], isum[r][p], msum[r][p], dv, dm, d8) };
         }
+    }
+}
+
+/// One super-block's float steps for 16 outputs, as the scalar reference's
+/// ([`super::kformat::accumulate`]): `fnmadd` is `fma(−msum, dmin · d8, acc)` with the same
+/// single rounding. `d` and `dmin` are the weight row's, broadcast; `d8` the activations'.
+///
+/// # Safety
+/// AVX-512F and FMA available.
+#[inline(always)]
+pub(super) unsafe fn accumulate16<K: KFormat>(
+    acc: __m512,
+    isum: __m512i,
+    msum: __m512i,
+    d: __m512,
+    dmin: __m512,
+    d8: __m512,
+) -> __m512 {
+    if K::HAS_DMIN {
+        let a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, d8), acc);
+        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, d8), a)
+    } else {
+        let diff = _mm512_sub_epi32(isum, msum);
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(diff), _mm512_mul_ps(d, d8), acc)
     }
 }

@@ -14,10 +14,21 @@ use std::cell::Cell;
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Pauses between two looks at an empty pool: enough to keep a spinning worker off the
 /// deques' cache lines while the caller pushes its jobs, short against a kernel's length.
 const PAUSES_WHEN_IDLE: usize = 16;
+
+/// How long a spinner waits without finding a job before it returns, pass over or not.
+///
+/// A worker that waits inside a join (for a job it split off and another thread took) also
+/// looks in its own queues, and can start its spinner there, on top of the job it waits in:
+/// that job, which the pass needs, cannot resume until the spinner returns. Without a bound
+/// the pass and the spinner would wait for each other forever (seen in `tidal bench
+/// speculative`); with it, that case costs at most this long, while the gaps between a
+/// step's kernels (tens of microseconds) stay well under it.
+const IDLE_LIMIT: Duration = Duration::from_millis(1);
 
 thread_local! {
     /// Whether this worker is already running a spinner (a nested one returns at once).
@@ -27,7 +38,7 @@ thread_local! {
 /// Runs `f` with every other worker of the current rayon pool busy-waiting for `f`'s parallel
 /// jobs, so that each kernel `f` calls starts on all the pool's threads at once. Outside a
 /// pool, or in a pool of one thread, it just runs `f`. The spinners stop when `f` returns or
-/// unwinds; a nested call adds no spinners (the workers are already spinning).
+/// unwinds, or after [`IDLE_LIMIT`] without a job; a nested call adds no spinners.
 pub fn with_warm_workers<R>(f: impl FnOnce() -> R) -> R {
     run_warm(f, &Arc::new(Spinners::default()))
 }
@@ -39,6 +50,8 @@ struct Spinners {
     done: AtomicBool,
     /// Spinners running now.
     live: AtomicUsize,
+    /// Spinners started in this pass (each worker's at most once).
+    started: AtomicUsize,
 }
 
 fn run_warm<R>(f: impl FnOnce() -> R, spinners: &Arc<Spinners>) -> R {
@@ -57,7 +70,8 @@ fn run_warm<R>(f: impl FnOnce() -> R, spinners: &Arc<Spinners>) -> R {
     f()
 }
 
-/// Runs the pool's jobs as they appear until the pass is done. Returns at once on the
+/// Runs the pool's jobs as they appear until the pass is done, or until none has come for
+/// [`IDLE_LIMIT`]. Returns at once on the
 /// caller's own thread (which can pick a spinner up while it waits inside a join: spinning
 /// there would block the pass that ends it) and on a worker that already spins.
 fn spin_until_done(spinners: &Spinners, owner: usize) {
@@ -66,8 +80,14 @@ fn spin_until_done(spinners: &Spinners, owner: usize) {
     }
     SPINNING.set(true);
     spinners.live.fetch_add(1, Ordering::AcqRel);
+    spinners.started.fetch_add(1, Ordering::AcqRel);
+    let mut last_job = Instant::now();
     while !spinners.done.load(Ordering::Acquire) {
-        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+        if rayon::yield_now() == Some(rayon::Yield::Executed) {
+            last_job = Instant::now();
+        } else if last_job.elapsed() > IDLE_LIMIT {
+            break;
+        } else {
             for _ in 0..PAUSES_WHEN_IDLE {
                 spin_loop();
             }
@@ -99,6 +119,19 @@ mod tests {
             .expect("pool")
     }
 
+    /// Runs small parallel jobs (which keep the spinners from going idle) until `n`
+    /// spinners have started, for up to 20 s; false if the count never got there.
+    fn busy_until_started(spinners: &Spinners, n: usize) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if spinners.started.load(Ordering::Acquire) == n {
+                return true;
+            }
+            let _: u64 = (0..1_000u64).into_par_iter().sum();
+        }
+        false
+    }
+
     /// Waits up to 20 s for `live` spinners; false if the count never got there.
     fn live_becomes(spinners: &Spinners, live: usize) -> bool {
         let started = Instant::now();
@@ -119,7 +152,7 @@ mod tests {
             run_warm(
                 || {
                     assert!(
-                        live_becomes(&spinners, 2),
+                        busy_until_started(&spinners, 2),
                         "the two other workers never spun"
                     );
                     (0..200)
@@ -141,7 +174,7 @@ mod tests {
             std::panic::catch_unwind(|| {
                 run_warm(
                     || {
-                        assert!(live_becomes(&spinners, 1));
+                        assert!(busy_until_started(&spinners, 1));
                         panic!("pass failed")
                     },
                     &spinners,

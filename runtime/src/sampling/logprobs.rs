@@ -34,8 +34,8 @@ pub(crate) fn exp_neg(x: f32) -> f32 {
 }
 
 /// Lanes of the vocabulary scans: independent running maxima, so the loop is one vector
-/// compare-and-select per 16 logits rather than a chain of dependent scalar `max`es (which
-/// took ~0.3 ms per token over Gemma 3's 262k vocabulary).
+/// compare-and-select per 16 logits rather than a chain of dependent scalar `max`es (perf:
+/// sampling went from 1.6 % to 0.9 % of a Gemma 3 decode, 262k logits per token).
 const LANES: usize = 16;
 
 /// The largest value of `xs`, ignoring NaNs; `-inf` when empty or all NaN.

@@ -135,10 +135,10 @@ fn bench(c: &mut Criterion) {
 /// The weight matmuls of one SmolLM2-135M decode step in each format: 30 layers of q, k, v,
 /// o, gate, up, down (66 MB of weights in Q4_1, more than the L3 cache, so they stream from
 /// DRAM on most machines, as in the real model). The LM head and attention are not included.
-/// At m = 1 to 4 (decode, and the verify steps of speculative decoding) `/avx512vnni` and
-/// `/avx2vnni` as `auto` would run them (the row kernels; from `PANEL16_MIN_ROWS` rows the
-/// AVX-512 GEMM); at m = 16 each batched GEMM this CPU has (`/amx`, `/avx512vnni`,
-/// `/avx2vnni`); the detected kernel where the CPU has none of them.
+/// At m = 1 to 12 (decode, small batches and the verify steps of speculative decoding)
+/// `/avx512vnni` and `/avx2vnni` as `auto` would run them (the row kernels; from
+/// `PANEL16_MIN_ROWS` rows the GEMMs); at m = 16 each batched GEMM this CPU has (`/amx`,
+/// `/avx512vnni`, `/avx2vnni`); the detected kernel where the CPU has none of them.
 fn decode_step(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("rayon pool");
     let mut r = StdRng::seed_from_u64(3);
@@ -160,7 +160,7 @@ fn decode_step(c: &mut Criterion) {
                     .collect()
             })
             .collect();
-        for m in [1usize, 2, 3, 4, 16] {
+        for m in [1usize, 2, 3, 4, 6, 9, 12, 16] {
             let x: Vec<f32> = (0..m * 1536).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * 1536];
             // Below 16 rows AMX runs the AVX-512 kernels, so it is not listed there.

@@ -121,25 +121,7 @@ unsafe fn dot<F: Format, const R: usize>(wr: &[u8], nb: usize, xs: [XRow16<'_>; 
     // features by the caller's contract.
     unsafe {
         let mut acc = [_mm_setzero_ps(); R];
-        // Byte offsets of the 16 blocks' `d` (and Q4_1's `m` after it) from a step's start.
-        let offsets = _mm512_set_epi32(
-            15 * F::BLOCK_BYTES as i32,
-            14 * F::BLOCK_BYTES as i32,
-            13 * F::BLOCK_BYTES as i32,
-            12 * F::BLOCK_BYTES as i32,
-            11 * F::BLOCK_BYTES as i32,
-            10 * F::BLOCK_BYTES as i32,
-            9 * F::BLOCK_BYTES as i32,
-            8 * F::BLOCK_BYTES as i32,
-            7 * F::BLOCK_BYTES as i32,
-            6 * F::BLOCK_BYTES as i32,
-            5 * F::BLOCK_BYTES as i32,
-            4 * F::BLOCK_BYTES as i32,
-            3 * F::BLOCK_BYTES as i32,
-            2 * F::BLOCK_BYTES as i32,
-            F::BLOCK_BYTES as i32,
-            0,
-        );
+        let offsets = block_offsets::<F>();
         let whole = nb / STEP;
         for step in 0..whole {
             step16::<F, R, false>(wr, step, STEP, offsets, &xs, &mut acc);
@@ -208,21 +190,7 @@ unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
                 _mm512_unpackhi_epi64(p01, p23),
             );
         }
-        let dm = if PARTIAL {
-            _mm512_mask_i32gather_epi32::<1>(
-                _mm512_setzero_si512(),
-                valid,
-                offsets,
-                base as *const i32,
-            )
-        } else {
-            _mm512_i32gather_epi32::<1>(offsets, base as *const i32)
-        };
-        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
-        let m = match F::M_AT {
-            Some(_) => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
-            None => _mm512_mul_ps(d, _mm512_set1_ps(F::M_PER_D)),
-        };
+        let (d, m) = scales16::<F, PARTIAL>(base, offsets, valid);
         let groups = if PARTIAL { count.div_ceil(CHAINS) } else { 4 };
         for r in 0..R {
             let (pd, ps) = (
@@ -241,6 +209,71 @@ unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
             let dd = _mm512_mul_ps(d, d8);
             acc[r] = chain4(acc[r], sums, dd, m, s8, F::HAS_OFFSET, groups);
         }
+    }
+}
+
+/// Byte offsets of a step's 16 blocks from its start (where each block's `d`, and Q4_1's
+/// `m` after it, are).
+///
+/// # Safety
+/// AVX-512F available.
+#[inline(always)]
+pub(super) unsafe fn block_offsets<F: Format>() -> __m512i {
+    let b = F::BLOCK_BYTES as i32;
+    // SAFETY: AVX-512F by the caller's contract.
+    unsafe {
+        _mm512_set_epi32(
+            15 * b,
+            14 * b,
+            13 * b,
+            12 * b,
+            11 * b,
+            10 * b,
+            9 * b,
+            8 * b,
+            7 * b,
+            6 * b,
+            5 * b,
+            4 * b,
+            3 * b,
+            2 * b,
+            b,
+            0,
+        )
+    }
+}
+
+/// The `d` and `m` of the blocks of the step at `base` as f32 lanes in block order, by one
+/// gather at `offsets` ([`block_offsets`]); zeros (and no read) for blocks outside `valid`
+/// with `PARTIAL`.
+///
+/// # Safety
+/// AVX-512 F/BW and F16C available; the blocks in `valid` (all 16 unless `PARTIAL`) are
+/// readable at `base`.
+#[inline(always)]
+pub(super) unsafe fn scales16<F: Format, const PARTIAL: bool>(
+    base: *const u8,
+    offsets: __m512i,
+    valid: __mmask16,
+) -> (__m512, __m512) {
+    // SAFETY: the gather reads 4 bytes at each valid block's start (caller's contract).
+    unsafe {
+        let dm = if PARTIAL {
+            _mm512_mask_i32gather_epi32::<1>(
+                _mm512_setzero_si512(),
+                valid,
+                offsets,
+                base as *const i32,
+            )
+        } else {
+            _mm512_i32gather_epi32::<1>(offsets, base as *const i32)
+        };
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+        let m = match F::M_AT {
+            Some(_) => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dm))),
+            None => _mm512_mul_ps(d, _mm512_set1_ps(F::M_PER_D)),
+        };
+        (d, m)
     }
 }
 
@@ -327,7 +360,7 @@ unsafe fn chain4(
 /// AVX-512 F/BW/VL available; the step's blocks below `count` (all 16 unless `PARTIAL`) are
 /// readable at `base`.
 #[inline(always)]
-unsafe fn halves<F: Format, const PARTIAL: bool>(
+pub(super) unsafe fn halves<F: Format, const PARTIAL: bool>(
     base: *const u8,
     j: usize,
     count: usize,
@@ -336,10 +369,9 @@ unsafe fn halves<F: Format, const PARTIAL: bool>(
     unsafe {
         let block = |s: usize| base.add((4 * s + j) * F::BLOCK_BYTES);
         let live = |s: usize| !PARTIAL || 4 * s + j < count;
-        let at4 = |at: usize| [0, 1, 2, 3].map(|s| (live(s), block(s).wrapping_add(at)));
         match F::QS_AT {
             QsLayout::Nibbles { at, high_bits } => {
-                let v = load4::<PARTIAL>(at4(at));
+                let v = segments::<F, PARTIAL>(base, j, count, at);
                 let mask = _mm512_set1_epi8(0x0F);
                 let mut lo = _mm512_and_si512(v, mask);
                 let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
@@ -358,9 +390,31 @@ unsafe fn halves<F: Format, const PARTIAL: bool>(
                 }
                 (lo, hi)
             }
-            QsLayout::Bytes { at } => (load4::<PARTIAL>(at4(at)), load4::<PARTIAL>(at4(at + 16))),
+            QsLayout::Bytes { at } => (
+                segments::<F, PARTIAL>(base, j, count, at),
+                segments::<F, PARTIAL>(base, j, count, at + 16),
+            ),
         }
     }
+}
+
+/// The 16 bytes at byte `at` of blocks `j`, `4 + j`, `8 + j` and `12 + j` of the step at
+/// `base`, one block per 128-bit segment; with `PARTIAL`, zeros (and no read) for blocks from
+/// `count` on.
+///
+/// # Safety
+/// AVX-512 F/BW/VL available; 16 bytes readable at `at` of every block read.
+#[inline(always)]
+pub(super) unsafe fn segments<F: Format, const PARTIAL: bool>(
+    base: *const u8,
+    j: usize,
+    count: usize,
+    at: usize,
+) -> __m512i {
+    let live = |s: usize| !PARTIAL || 4 * s + j < count;
+    let at = |s: usize| base.wrapping_add((4 * s + j) * F::BLOCK_BYTES + at);
+    // SAFETY: by the caller's contract.
+    unsafe { load4::<PARTIAL>([0, 1, 2, 3].map(|s| (live(s), at(s)))) }
 }
 
 /// 16 bytes from each of four addresses, one per 128-bit segment; with `PARTIAL`, zeros

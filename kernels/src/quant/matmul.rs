@@ -10,8 +10,9 @@
 //! batches; one row at a time streams the weights sequentially), or, for [`PANEL_MIN_ROWS`]
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
-//! 16 activation rows. With AVX-512 VNNI the row kernel takes sixteen blocks per step
-//! (`dot_avx512`) and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one per
+//! 16 activation rows. With AVX-512 VNNI one row takes sixteen blocks per step
+//! (`dot_avx512`), two to eight rows share each step's weights transposed to one block per
+//! lane (`dot_lanes_avx512`), and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one per
 //! 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
 //! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
 //! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
@@ -42,12 +43,18 @@ use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 pub const PANEL_MIN_ROWS: usize = 6;
 
 /// Smallest batch that takes the 16-row panel GEMM on AVX-512 VNNI (and AMX below
-/// [`AMX_MIN_ROWS`]): its cost hardly depends on the rows it fills, while the row kernel's
-/// grows with every row. Measured on a 2-core AVX-512 Xeon (criterion
-/// `q4_1_step_30_layers_m*`, the 210 weight matmuls of a SmolLM2 step), the row kernel took
-/// 1.0, 1.56, 2.2 and 3.2 times its one-row time at 1 to 4 rows, the GEMM about 3 times at
-/// every batch from 2 to 8: equal at four rows.
-pub const PANEL16_MIN_ROWS: usize = 4;
+/// [`AMX_MIN_ROWS`]); one row runs the one-row kernel (`dot_avx512`), two up to this the
+/// block-per-lane kernel (`dot_lanes_avx512`). The GEMM's cost hardly depends on the rows it
+/// fills, the row kernels' grows with every row. Measured on a 2-core AMD EPYC with
+/// AVX-512 VNNI (criterion `q{4_1,8_0}_step_30_layers_m*`, the 210 weight matmuls of a
+/// SmolLM2 step; two runs, times relative to one row): the block-per-lane kernel took 1.4,
+/// 1.5, 1.7-1.8, 2.2-2.6 and 2.9-3.8 at 2, 3, 4, 6 and 9 rows for Q4_1 (1.2, 1.3, 1.4-1.5,
+/// 1.9-2.1 and 2.3-3.0 for Q8_0), the GEMM 2.8-3.0 at 4 rows and 3.5-3.8 at 9 (Q8_0: 1.9-2.1
+/// and 2.1-2.3). So up to eight rows, the verify steps of speculative decoding, run the
+/// block-per-lane kernel.
+pub const PANEL16_MIN_ROWS: usize = 9;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(PANEL16_MIN_ROWS - 1 <= super::dot_lanes_avx512::MAX_ROWS);
 
 /// Smallest batch that takes the AVX-512 K-quant GEMM (`kgemm_avx512`) with
 /// [`DotKernel::Avx512Vnni`] or [`DotKernel::Amx`]; smaller batches run the AVX2 row kernel,
@@ -92,6 +99,9 @@ pub struct QuantizedActivations {
     /// Every row's whole 16-block steps in the AVX-512 row kernel's order.
     #[cfg(target_arch = "x86_64")]
     interleaved16: OnceLock<Vec<super::dot_avx512::Interleaved16>>,
+    /// All rows in the AVX-512 small-batch kernel's order (2 to 8 rows).
+    #[cfg(target_arch = "x86_64")]
+    block_lanes: OnceLock<super::dot_lanes_avx512::BlockLanes>,
 }
 
 /// Every row's Q8_1 blocks.
@@ -134,6 +144,8 @@ impl QuantizedActivations {
             panels16: OnceLock::new(),
             #[cfg(target_arch = "x86_64")]
             interleaved16: OnceLock::new(),
+            #[cfg(target_arch = "x86_64")]
+            block_lanes: OnceLock::new(),
         }
     }
 
@@ -228,6 +240,14 @@ impl QuantizedActivations {
             row: self.row(i),
             lanes: &rows[i].lanes,
         }
+    }
+
+    /// All rows for the AVX-512 small-batch kernel.
+    #[cfg(target_arch = "x86_64")]
+    fn block_lanes(&self) -> &super::dot_lanes_avx512::BlockLanes {
+        self.block_lanes.get_or_init(|| {
+            super::dot_lanes_avx512::BlockLanes::new(&self.q8_1().blocks, self.m, self.k / QK)
+        })
     }
 
     fn panels(&self) -> &[PanelBlock] {
@@ -462,9 +482,12 @@ fn run<F: Format>(
     let panels =
         (matches!(kernel, DotKernel::Avx2 | DotKernel::Avx2Vnni) && batched).then(|| xq.panels());
     #[cfg(target_arch = "x86_64")]
-    let rows16: Option<Vec<_>> = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
-        && !batched)
-        .then(|| (0..m).map(|i| xq.row16(i)).collect());
+    let avx512_rows = matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && !batched;
+    #[cfg(target_arch = "x86_64")]
+    let rows16: Option<Vec<_>> =
+        (avx512_rows && m == 1).then(|| (0..m).map(|i| xq.row16(i)).collect());
+    #[cfg(target_arch = "x86_64")]
+    let block_lanes = (avx512_rows && m > 1).then(|| xq.block_lanes());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -489,6 +512,10 @@ fn run<F: Format>(
                 }
                 if let Some(x16) = &rows16 {
                     super::dot_avx512::rows::<F>(wr, cols, nb, x16, &mut o);
+                    return;
+                }
+                if let Some(x) = block_lanes {
+                    super::dot_lanes_avx512::rows::<F>(wr, cols, nb, x, &mut o);
                     return;
                 }
                 match (panels, vnni) {
@@ -616,6 +643,12 @@ pub(crate) mod tests {
             (5, 64, 9),
             (6, 64, 9),
             (7, 96, 3),
+            // The block-per-lane kernel (two to eight rows): one and two quads of rows, full
+            // and partial, at the models' widths (18, 20 and 48 blocks).
+            (4, 576, 7),
+            (8, 640, 5),
+            (6, 1536, 3),
+            (8, 512, 2),
             (9, 32, 17),
             (16, 96, 5),
             // One 16-row panel, weight rows in passes of four, two and one.

@@ -10,6 +10,8 @@ pub mod dot;
 mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx512;
+#[cfg(target_arch = "x86_64")]
+mod dot_lanes_avx512;
 pub mod format;
 #[cfg(target_arch = "x86_64")]
 mod gemm_amx;

@@ -1,11 +1,11 @@
 //! What a step that verifies k proposed tokens of one sequence costs, relative to the
 //! sequence's one-token step: the price the choice of k weighs acceptance against.
 //!
-//! The price is rarely linear in k. On a CPU with AVX-512, one to three rows run the row
-//! kernel and four or more the 16-row GEMM, so a step of 1 + k tokens took 1.03, 1.13, 1.38,
-//! 1.38, 1.38 and 1.41 one-token steps for k = 1, 2, 3, 4, 6 and 8 (SmolLM2-135M, 2-core Xeon,
-//! `tidal bench speculative --verify-cost`): a straight line through those points makes k = 8
-//! look 8 % dearer than it is and k = 3 13 % cheaper. So the engine keeps the measured curve,
+//! The price is rarely linear in k: it bends where the matrix products change kernel. Measured
+//! on a 2-core Xeon with AVX-512 with the 16-row GEMM taking four rows or more (SmolLM2-135M,
+//! `tidal bench speculative --verify-cost`), a step of 1 + k tokens took 1.03, 1.13, 1.38,
+//! 1.38, 1.38 and 1.41 one-token steps for k = 1, 2, 3, 4, 6 and 8: a straight line through
+//! those points makes k = 8 look 8 % dearer than it is and k = 3 13 % cheaper. So the engine keeps the measured curve,
 //! one entry per k, and a flag's single figure becomes a straight line.
 
 /// Relative step time for each k in `0..=max` (entry 0 is the one-token step, 1.0).
@@ -88,8 +88,8 @@ impl StepCost {
     }
 }
 
-/// SmolLM2-135M's measured curve on a 2-core Xeon with AVX-512 and AMX: rows 1-3 on the
-/// row kernel, 4 and more on the 16-row GEMM.
+/// SmolLM2-135M's curve measured on a 2-core Xeon with AVX-512 and AMX, with rows 1-3 on
+/// the row kernel and 4 and more on the 16-row GEMM: a curve with a bend.
 #[cfg(test)]
 pub(crate) const AVX512_SMOLLM2: [(usize, f64); 6] = [
     (1, 1.03),

@@ -152,16 +152,7 @@ unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
     // SAFETY (whole function): by the caller's contract; masked loads and the masked gather
     // touch only blocks below `count`.
     unsafe {
-        let base = wr.as_ptr().add(step * STEP * F::BLOCK_BYTES);
-        let valid: __mmask16 = if PARTIAL {
-            (1u32 << count) as u16 - 1
-        } else {
-            0xFFFF
-        };
-        prefetch::lines(
-            base.wrapping_add(WEIGHTS_AHEAD),
-            (STEP * F::BLOCK_BYTES).div_ceil(prefetch::LINE),
-        );
+        let (base, valid) = step_start::<F, PARTIAL>(wr, step, count);
         // The step's weights, unpacked once for all rows: (low, high) halves of vector j.
         let mut wv = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
         for (j, v) in wv.iter_mut().enumerate() {
@@ -210,6 +201,32 @@ unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
             acc[r] = chain4(acc[r], sums, dd, m, s8, F::HAS_OFFSET, groups);
         }
     }
+}
+
+/// Where step `step` of weight row `wr` starts and which of its 16 blocks exist (the first
+/// `count`); prefetches the weight stream [`WEIGHTS_AHEAD`] bytes on.
+///
+/// # Safety
+/// Block `16 step` exists in `wr`.
+#[inline(always)]
+pub(super) unsafe fn step_start<F: Format, const PARTIAL: bool>(
+    wr: &[u8],
+    step: usize,
+    count: usize,
+) -> (*const u8, __mmask16) {
+    // SAFETY: the step's first block is in `wr` (caller's contract); the prefetch address
+    // is never dereferenced.
+    let base = unsafe { wr.as_ptr().add(step * STEP * F::BLOCK_BYTES) };
+    prefetch::lines(
+        base.wrapping_add(WEIGHTS_AHEAD),
+        (STEP * F::BLOCK_BYTES).div_ceil(prefetch::LINE),
+    );
+    let valid = if PARTIAL {
+        (1u32 << count) as u16 - 1
+    } else {
+        0xFFFF
+    };
+    (base, valid)
 }
 
 /// Byte offsets of a step's 16 blocks from its start (where each block's `d`, and Q4_1's

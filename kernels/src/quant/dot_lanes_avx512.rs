@@ -27,12 +27,13 @@
 
 use std::arch::x86_64::*;
 
-use super::dot_avx512::{block_offsets, halves, scales16, segments, Lane64, QsLayout, STEP};
-use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
+use super::dot_avx512::{
+    block_offsets, halves, scales16, segments, step_start, Lane64, QsLayout, STEP,
+};
+use super::format::{Format, CHAINS};
 use super::matmul::OutCols;
 use super::q4_1::QK;
 use super::q8_1::BlockQ8_1;
-use crate::prefetch;
 
 /// Activation rows whose float steps run together (one per 128-bit segment).
 const QUAD: usize = 4;
@@ -217,16 +218,7 @@ unsafe fn step16<F: Format, const Q: usize, const PARTIAL: bool>(
     // touch only blocks below `count`; every activation index is below `x.m` and the step
     // below `x.steps`.
     unsafe {
-        let base = wr.as_ptr().add(step * STEP * F::BLOCK_BYTES);
-        let valid: __mmask16 = if PARTIAL {
-            (1u32 << count) as u16 - 1
-        } else {
-            0xFFFF
-        };
-        prefetch::lines(
-            base.wrapping_add(WEIGHTS_AHEAD),
-            (STEP * F::BLOCK_BYTES).div_ceil(prefetch::LINE),
-        );
+        let (base, valid) = step_start::<F, PARTIAL>(wr, step, count);
         let (lo, hi) = weights::<F, PARTIAL>(base, count);
         let (d, m) = scales16::<F, PARTIAL>(base, offsets, valid);
         let mut scales = [F32x16::default(), F32x16::default()];

@@ -160,7 +160,7 @@ fn decode_step(c: &mut Criterion) {
                     .collect()
             })
             .collect();
-        for m in [1usize, 2, 3, 4, 6, 9, 12, 16] {
+        for m in [1usize, 2, 3, 4, 5, 6, 9, 12, 16] {
             let x: Vec<f32> = (0..m * 1536).map(|_| r.random_range(-2.0..2.0)).collect();
             let mut out = vec![0.0f32; m * 1536];
             // Below 16 rows AMX runs the AVX-512 kernels, so it is not listed there.

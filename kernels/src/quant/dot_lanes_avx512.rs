@@ -17,7 +17,7 @@
 //! four rows' block sums (lane `b` = block `b`) into four vectors, one per group of four
 //! blocks, whose lane `4r + c` is row `r`'s block `4g + c`; so one 16-lane FMA per group
 //! advances the four accumulation chains of four rows, with the activation scales laid out
-//! in that order beforehand. The arithmetic is the common one ([`super::format`]): block `b`
+//! in that order beforehand (a lone fifth row runs its four chains on 128-bit vectors). The arithmetic is the common one ([`super::format`]): block `b`
 //! into chain `b % 4` with `fma(Σ, d·d8)` then `fma(m, s8)`, in block order, the chains summed
 //! as `(a0 + a1) + (a2 + a3)`; a last partial step reads only its blocks and runs only the
 //! groups that hold one. So results are bit-identical to every other kernel.
@@ -332,8 +332,23 @@ unsafe fn quad<F: Format>(
             }
             *s = _mm512_cvtepi32_ps(_mm512_add_epi32(a, b));
         }
-        let groups_of_rows = transpose_segments(sums);
         let (d, m) = (scales[0].0.as_ptr(), scales[1].0.as_ptr());
+        if x.m - QUAD * q == 1 {
+            // A lone row (five rows in all): its four chains in lanes 0..4, on 128-bit
+            // vectors, instead of a transpose and 512-bit steps for one row.
+            let mut a = _mm512_castps512_ps128(acc);
+            for g in 0..w.groups {
+                let (d8, s8) = x.scales(q, w.step, g);
+                let dd = _mm_mul_ps(_mm_load_ps(d.add(CHAINS * g)), _mm_load_ps(d8.0.as_ptr()));
+                a = _mm_fmadd_ps(segment(sums[0], g), dd, a);
+                if F::HAS_OFFSET {
+                    let mg = _mm_load_ps(m.add(CHAINS * g));
+                    a = _mm_fmadd_ps(mg, _mm_load_ps(s8.0.as_ptr()), a);
+                }
+            }
+            return _mm512_castps128_ps512(a);
+        }
+        let groups_of_rows = transpose_segments(sums);
         for (g, t) in groups_of_rows.into_iter().enumerate().take(w.groups) {
             let (d8, s8) = x.scales(q, w.step, g);
             let dg = _mm512_broadcast_f32x4(_mm_load_ps(d.add(CHAINS * g)));
@@ -345,6 +360,23 @@ unsafe fn quad<F: Format>(
             }
         }
         acc
+    }
+}
+
+/// Segment `g` (0..4) of `v`.
+///
+/// # Safety
+/// AVX-512F available.
+#[inline(always)]
+unsafe fn segment(v: __m512, g: usize) -> __m128 {
+    // SAFETY: register operations only.
+    unsafe {
+        match g {
+            0 => _mm512_castps512_ps128(v),
+            1 => _mm512_extractf32x4_ps::<1>(v),
+            2 => _mm512_extractf32x4_ps::<2>(v),
+            _ => _mm512_extractf32x4_ps::<3>(v),
+        }
     }
 }
 

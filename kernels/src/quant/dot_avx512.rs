@@ -429,9 +429,9 @@ pub(super) unsafe fn segments<F: Format, const PARTIAL: bool>(
     at: usize,
 ) -> __m512i {
     let live = |s: usize| !PARTIAL || 4 * s + j < count;
-    let at = |s: usize| base.wrapping_add((4 * s + j) * F::BLOCK_BYTES + at);
+    let addr = |s: usize| base.wrapping_add((4 * s + j) * F::BLOCK_BYTES + at);
     // SAFETY: by the caller's contract.
-    unsafe { load4::<PARTIAL>([0, 1, 2, 3].map(|s| (live(s), at(s)))) }
+    unsafe { load4::<PARTIAL>([0, 1, 2, 3].map(|s| (live(s), addr(s)))) }
 }
 
 /// 16 bytes from each of four addresses, one per 128-bit segment; with `PARTIAL`, zeros

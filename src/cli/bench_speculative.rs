@@ -7,7 +7,7 @@ use tidal_runtime::bench::speculative::{self as spec, SpeculativeReport};
 use tidal_runtime::engine::EngineConfig;
 use tidal_runtime::load::load_model;
 use tidal_runtime::model::{Model, ModelFile};
-use tidal_runtime::speculative::SpeculativeMethod;
+use tidal_runtime::speculative::{NgramProposer, SpeculativeMethod, StepCost};
 use tidal_tokenizer::ChatMessage;
 
 use super::engine_args::EngineArgs;
@@ -28,15 +28,33 @@ pub struct SpeculativeArgs {
     /// Rounds, alternating which engine goes first; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Also time steps of 1 + k tokens against a one-token step (the verify cost).
+    /// Also time steps of 1 + k tokens against a one-token step (the verify cost), and
+    /// replay the greedy answers offline through the lookup policy and an oracle on that
+    /// curve (`speculative-replay` lines: what lookup can give, free of timing noise).
     #[arg(long)]
     pub verify_cost: bool,
+    /// Also replay the greedy answers on this curve: the time of a step of 1 + k tokens
+    /// against a one-token step for k = 1, 2, 3, ... (comma-separated; e.g. another
+    /// machine's `--verify-cost` figures).
+    #[arg(long, value_delimiter = ',')]
+    pub replay_curve: Vec<f64>,
 }
 
 /// Runs the benchmark and prints one JSON line per workload and level.
 pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
     if args.engine.speculative == SpeculativeMethod::Off {
         args.engine.speculative = SpeculativeMethod::Ngram;
+    }
+    // Checked before the benchmark runs: a bad curve fails at once.
+    let spec_config = args.engine.speculative_config();
+    let limit = spec_config.num_speculative_tokens;
+    let mut curves = Vec::new();
+    if !args.replay_curve.is_empty() {
+        let points: Vec<(usize, f64)> = (1..).zip(args.replay_curve.iter().copied()).collect();
+        curves.push(
+            StepCost::from_measured(&points, limit)
+                .context("--replay-curve needs positive relative step times")?,
+        );
     }
     let on = args.engine.load()?;
     let off_config = EngineConfig {
@@ -103,6 +121,33 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
             "{}",
             serde_json::json!({"bench": "speculative-verify-cost", "report": report})
         );
+        curves.push(
+            StepCost::from_measured(&report.relative_step_time, limit)
+                .context("the verify cost measurement gave no usable point")?,
+        );
+    }
+    if args.engine.speculative == SpeculativeMethod::Ngram {
+        let proposer = NgramProposer::new(spec_config.ngram_min, spec_config.ngram_max);
+        for cost in &curves {
+            for (name, prompts) in &workloads {
+                let Some(recorded) = reports.iter().find(|r| r.workload == *name) else {
+                    continue;
+                };
+                let replayed = spec::replay(
+                    name,
+                    prompts,
+                    &recorded.answers,
+                    &proposer,
+                    limit,
+                    args.max_tokens,
+                    cost,
+                );
+                println!(
+                    "{}",
+                    serde_json::json!({"bench": "speculative-replay", "curve": cost.relative(), "report": replayed})
+                );
+            }
+        }
     }
     if reports.iter().any(|r| !r.identical) {
         anyhow::bail!("speculation changed the output of a greedy request");

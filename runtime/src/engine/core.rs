@@ -14,8 +14,8 @@ use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
 use crate::speculative::{
-    measure_step_cost, ProposalRequest, Proposer, SpeculationStats, SpeculativeConfig, StepCost,
-    ASSUMED_VERIFY_COST,
+    lookup_proposal, measure_step_cost, ProposalKind, ProposalRequest, Proposer, SpeculationStats,
+    SpeculativeConfig, StepCost, ASSUMED_VERIFY_COST,
 };
 
 /// State owned by the engine thread.
@@ -306,7 +306,9 @@ impl EngineCore {
 
     /// Offers each decoding sequence the proposal for its next step: as many tokens as its
     /// recent acceptance pays for, none while the batch is large enough that verification
-    /// costs nearly what it saves. A draft model's own passes count in the price of a token.
+    /// costs nearly what it saves. A lookup is found first, and its length chosen from the
+    /// acceptance of matches as long as the one found; a draft model's length is chosen
+    /// before it runs, with its own passes in the price of a token.
     fn propose(&mut self, context_length: usize) {
         let Some(proposer) = self.proposer.as_mut() else {
             return;
@@ -320,6 +322,7 @@ impl EngineCore {
         }
         let (step_cost, draft_cost) = (&self.step_cost, proposer.proposal_cost());
         let time = |k: usize| step_cost.at(k) + draft_cost * k as f64;
+        let mut proposals: Vec<(SeqId, Vec<u32>)> = Vec::new();
         let mut requests = Vec::new();
         for (&id, state) in &mut self.seqs {
             if !scheduler.is_decoding(id) {
@@ -331,16 +334,42 @@ impl EngineCore {
                 .context_room(context_length)
                 .min(state.remaining_tokens())
                 .saturating_sub(1);
-            let limit = state.speculative_limit(cfg.num_speculative_tokens);
-            let k = state.acceptance().num_tokens(limit, time).min(room);
-            match (k, scheduler.sequence_tokens(id)) {
-                (0, _) | (_, None) => state.acceptance().idle(),
-                (k, Some(tokens)) => requests.push(ProposalRequest { id, tokens, k }),
+            let limit = state
+                .speculative_limit(cfg.num_speculative_tokens)
+                .min(room);
+            let Some(tokens) = scheduler.sequence_tokens(id).filter(|_| limit > 0) else {
+                state.acceptance().idle();
+                continue;
+            };
+            let kind = match &*proposer {
+                Proposer::Ngram(lookup) => {
+                    lookup_proposal(lookup, state.acceptance(), tokens, limit, time).map(
+                        |(proposal, kind)| {
+                            proposals.push((id, proposal.to_vec()));
+                            kind
+                        },
+                    )
+                }
+                Proposer::Draft(_) => {
+                    let k = state
+                        .acceptance()
+                        .num_tokens(ProposalKind::Draft, limit, time);
+                    (k > 0).then(|| {
+                        requests.push(ProposalRequest { id, tokens, k });
+                        ProposalKind::Draft
+                    })
+                }
+            };
+            match kind {
+                Some(kind) => state.proposing(kind),
+                None => state.acceptance().idle(),
             }
         }
-        let proposals = proposer.propose(&requests);
-        let ids: Vec<SeqId> = requests.iter().map(|r| r.id).collect();
-        for (id, proposal) in ids.into_iter().zip(proposals) {
+        if !requests.is_empty() {
+            let drafted = proposer.propose(&requests);
+            proposals.extend(requests.iter().map(|r| r.id).zip(drafted));
+        }
+        for (id, proposal) in proposals {
             if proposal.is_empty() || self.scheduler.propose(id, proposal) == 0 {
                 if let Some(state) = self.seqs.get_mut(&id) {
                     state.acceptance().idle();

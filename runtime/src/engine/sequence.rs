@@ -10,7 +10,7 @@ use super::request::{
     FinishReason, GenerationEvent, GenerationRequest, ResumeFrom, TokenLogprob, Usage,
 };
 use crate::sampling::Sampler;
-use crate::speculative::{verify, Acceptance};
+use crate::speculative::{verify, Acceptance, ProposalKind};
 
 /// What a new token did to its sequence.
 pub(crate) enum StepOutcome {
@@ -37,6 +37,8 @@ pub(crate) struct SeqState {
     pending_logprobs: Vec<TokenLogprob>,
     /// Recent acceptance of this sequence's proposals (speculative decoding).
     acceptance: Acceptance,
+    /// What made the proposal this step verifies, whose estimate its outcome updates.
+    proposal_kind: ProposalKind,
     /// The request's cap on proposed tokens per step (`None`: the engine's).
     speculative_cap: Option<usize>,
     /// Bytes of upcoming text the client already has (see [`TextSplice`]).
@@ -113,6 +115,7 @@ impl SeqState {
             pending_ids: Vec::new(),
             pending_logprobs: Vec::new(),
             acceptance: Acceptance::new(),
+            proposal_kind: ProposalKind::Draft,
             speculative_cap: request.num_speculative_tokens,
             splice: TextSplice::default(),
         }
@@ -205,7 +208,8 @@ impl SeqState {
         });
         self.generated.truncate(generated_before);
         if !drafts.is_empty() {
-            self.acceptance.record(drafts.len(), drawn.len() - 1);
+            self.acceptance
+                .record(self.proposal_kind, drafts.len(), drawn.len() - 1);
         }
         drawn
     }
@@ -213,6 +217,11 @@ impl SeqState {
     /// This sequence's recent acceptance of proposals.
     pub fn acceptance(&mut self) -> &mut Acceptance {
         &mut self.acceptance
+    }
+
+    /// Notes what made the proposal the next step verifies.
+    pub fn proposing(&mut self, kind: ProposalKind) {
+        self.proposal_kind = kind;
     }
 
     /// Most tokens to propose for this sequence in one step, under the engine's `limit`.

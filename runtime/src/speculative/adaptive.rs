@@ -8,7 +8,13 @@
 //! most tokens per unit of time; 0 means speculation does not pay at this α. A draft model
 //! runs one forward pass per proposed token, so for it the engine adds `d·k`, where d is a
 //! draft pass relative to a one-token step ([`super::SpeculativeConfig::draft_cost`]).
-//! [`Acceptance`] estimates α for a sequence from its own recent verifications.
+//!
+//! [`Acceptance`] estimates α for a sequence from its own recent verifications, apart for
+//! each [`ProposalKind`]: how often a lookup's continuation holds depends mostly on how long
+//! a suffix it matched, so a lookup is found first and its length is chosen from the
+//! acceptance of matches of that length ([`lookup_proposal`]).
+
+use super::ngram::NgramProposer;
 
 /// Expected tokens per step from proposing `k` tokens each accepted with probability
 /// `alpha` given all before it were.
@@ -33,18 +39,51 @@ pub fn best_num_tokens(alpha: f64, max: usize, time: impl Fn(usize) -> f64) -> u
 
 /// Weight of the past in the acceptance estimate, per verified token.
 const DECAY: f64 = 0.9;
-/// Prior acceptance, and its weight in tokens: a new sequence speculates at once, and a
-/// sequence that stopped speculating drifts back to the prior and tries again.
-const PRIOR: f64 = 0.6;
+/// Weight of the prior, in tokens: a new sequence speculates at once, and a sequence that
+/// stopped speculating drifts back to the prior and tries again.
 const PRIOR_WEIGHT: f64 = 2.0;
 /// Per step without a verification, the evidence fades by this much.
 const IDLE_DECAY: f64 = 0.97;
 
-/// A sequence's recent acceptance: decayed counts of accepted and verified proposals.
+/// Longest match length that a lookup's kind tells apart; longer matches count as this.
+pub const LOOKUP_MATCH_CLASSES: usize = 4;
+
+/// Prior acceptance of each kind, by [`ProposalKind::index`]: a draft model's proposals,
+/// then lookups matching 1, 2, 3 and 4 or more tokens. Replaying SmolLM2-135M's greedy
+/// answers (`tidal bench speculative --verify-cost`, `replay`), a lookup's first token was
+/// right 19–26 % of the time after a one-token match, 52–53 % after two, 68–76 % after
+/// three and 89–93 % after four, on both workloads.
+const PRIORS: [f64; LOOKUP_MATCH_CLASSES + 1] = [0.6, 0.3, 0.5, 0.7, 0.9];
+
+/// What made a proposal; acceptance is estimated for each kind apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProposalKind {
+    /// A draft model's greedy continuation.
+    Draft,
+    /// A prompt lookup whose matched suffix was this many tokens long.
+    Lookup {
+        /// Length of the matched suffix.
+        matched: usize,
+    },
+}
+
+impl ProposalKind {
+    /// Position of this kind's estimate: 0 for a draft, the match length (1 to
+    /// [`LOOKUP_MATCH_CLASSES`]) for a lookup.
+    pub fn index(self) -> usize {
+        match self {
+            Self::Draft => 0,
+            Self::Lookup { matched } => matched.clamp(1, LOOKUP_MATCH_CLASSES),
+        }
+    }
+}
+
+/// A sequence's recent acceptance: decayed counts of accepted and verified proposals, for
+/// each [`ProposalKind`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Acceptance {
-    accepted: f64,
-    trials: f64,
+    accepted: [f64; LOOKUP_MATCH_CLASSES + 1],
+    trials: [f64; LOOKUP_MATCH_CLASSES + 1],
 }
 
 impl Default for Acceptance {
@@ -54,42 +93,65 @@ impl Default for Acceptance {
 }
 
 impl Acceptance {
-    /// No evidence yet: the estimate is the prior.
+    /// No evidence yet: every estimate is its kind's prior.
     pub fn new() -> Self {
         Self {
-            accepted: 0.0,
-            trials: 0.0,
+            accepted: [0.0; LOOKUP_MATCH_CLASSES + 1],
+            trials: [0.0; LOOKUP_MATCH_CLASSES + 1],
         }
     }
 
-    /// Estimated probability that the next proposed token is accepted.
-    pub fn rate(&self) -> f64 {
-        (self.accepted + PRIOR * PRIOR_WEIGHT) / (self.trials + PRIOR_WEIGHT)
+    /// Estimated probability that the next proposed token of `kind` is accepted.
+    pub fn rate(&self, kind: ProposalKind) -> f64 {
+        let i = kind.index();
+        (self.accepted[i] + PRIORS[i] * PRIOR_WEIGHT) / (self.trials[i] + PRIOR_WEIGHT)
     }
 
-    /// Records one verification: `accepted` of `proposed` tokens were kept. Every token up
-    /// to and including the first rejected one was a trial; those after it were never
-    /// judged.
-    pub fn record(&mut self, proposed: usize, accepted: usize) {
+    /// Records one verification of a proposal of `kind`: `accepted` of `proposed` tokens
+    /// were kept. Every token up to and including the first rejected one was a trial; those
+    /// after it were never judged.
+    pub fn record(&mut self, kind: ProposalKind, proposed: usize, accepted: usize) {
+        let i = kind.index();
         let accepted = accepted.min(proposed);
         let trials = (accepted + 1).min(proposed);
-        for i in 0..trials {
-            self.accepted = self.accepted * DECAY + f64::from(u8::from(i < accepted));
-            self.trials = self.trials * DECAY + 1.0;
+        for t in 0..trials {
+            self.accepted[i] = self.accepted[i] * DECAY + f64::from(u8::from(t < accepted));
+            self.trials[i] = self.trials[i] * DECAY + 1.0;
         }
     }
 
-    /// A step that verified nothing for this sequence.
+    /// A step that verified nothing for this sequence: every kind's evidence fades.
     pub fn idle(&mut self) {
-        self.accepted *= IDLE_DECAY;
-        self.trials *= IDLE_DECAY;
+        for (a, t) in self.accepted.iter_mut().zip(&mut self.trials) {
+            *a *= IDLE_DECAY;
+            *t *= IDLE_DECAY;
+        }
     }
 
-    /// Tokens to propose next, at most `max`, where `time(k)` is the relative time of a
-    /// step that verifies k tokens.
-    pub fn num_tokens(&self, max: usize, time: impl Fn(usize) -> f64) -> usize {
-        best_num_tokens(self.rate(), max, time)
+    /// Tokens of `kind` to propose next, at most `max`, where `time(k)` is the relative
+    /// time of a step that verifies k tokens.
+    pub fn num_tokens(&self, kind: ProposalKind, max: usize, time: impl Fn(usize) -> f64) -> usize {
+        best_num_tokens(self.rate(kind), max, time)
     }
+}
+
+/// A lookup proposal for one sequence: the continuation `proposer` finds for `tokens`, cut
+/// to the length that pays at this sequence's acceptance of matches as long as the one
+/// found, at most `limit`. `None` when nothing matches or no length pays. The engine and the
+/// offline replay ([`super::replay`]) both choose through this.
+pub fn lookup_proposal<'t>(
+    proposer: &NgramProposer,
+    acceptance: &Acceptance,
+    tokens: &'t [u32],
+    limit: usize,
+    time: impl Fn(usize) -> f64,
+) -> Option<(&'t [u32], ProposalKind)> {
+    let found = proposer.lookup(tokens, limit)?;
+    let kind = ProposalKind::Lookup {
+        matched: found.matched,
+    };
+    let k = acceptance.num_tokens(kind, found.continuation.len(), time);
+    (k > 0).then(|| (&found.continuation[..k], kind))
 }
 
 #[cfg(test)]
@@ -166,17 +228,22 @@ mod tests {
         assert!(best_num_tokens(0.7, 8, |k| curve.at(k) + 0.5 * k as f64) < 8);
     }
 
+    const DRAFT: ProposalKind = ProposalKind::Draft;
+
     #[test]
     fn acceptance_learns_and_forgets() {
         let mut a = Acceptance::new();
-        assert_eq!(a.rate(), PRIOR);
-        assert!(a.num_tokens(5, line(0.15)) > 0, "a new sequence speculates");
+        assert_eq!(a.rate(DRAFT), PRIORS[0]);
+        assert!(
+            a.num_tokens(DRAFT, 5, line(0.15)) > 0,
+            "a new sequence speculates"
+        );
         for _ in 0..20 {
-            a.record(5, 0);
+            a.record(DRAFT, 5, 0);
         }
-        assert!(a.rate() < 0.15, "{}", a.rate());
+        assert!(a.rate(DRAFT) < 0.15, "{}", a.rate(DRAFT));
         assert_eq!(
-            a.num_tokens(5, line(0.15)),
+            a.num_tokens(DRAFT, 5, line(0.15)),
             0,
             "rejections stop speculation"
         );
@@ -184,21 +251,78 @@ mod tests {
             a.idle();
         }
         assert!(
-            a.num_tokens(5, line(0.15)) > 0,
+            a.num_tokens(DRAFT, 5, line(0.15)) > 0,
             "idle steps bring back the prior"
         );
         let mut b = Acceptance::new();
         for _ in 0..20 {
-            b.record(5, 5);
+            b.record(DRAFT, 5, 5);
         }
-        assert!(b.rate() > 0.9, "{}", b.rate());
-        assert_eq!(b.num_tokens(5, line(0.15)), 5);
+        assert!(b.rate(DRAFT) > 0.9, "{}", b.rate(DRAFT));
+        assert_eq!(b.num_tokens(DRAFT, 5, line(0.15)), 5);
         // Tokens after the first rejection are not trials: 2 accepted of 5 is 2 of 3.
         let mut c = Acceptance::new();
-        c.record(5, 2);
+        c.record(DRAFT, 5, 2);
         let trials = DECAY * DECAY + DECAY + 1.0;
         let accepted = DECAY * DECAY + DECAY;
-        let want = (accepted + PRIOR * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT);
-        assert!((c.rate() - want).abs() < 1e-12);
+        let want = (accepted + PRIORS[0] * PRIOR_WEIGHT) / (trials + PRIOR_WEIGHT);
+        assert!((c.rate(DRAFT) - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn each_kind_keeps_its_own_estimate() {
+        let lookup = |matched| ProposalKind::Lookup { matched };
+        let a = Acceptance::new();
+        // Longer matches start more trusted; past the last class they share its estimate.
+        let priors: Vec<f64> = (1..=6).map(|m| a.rate(lookup(m))).collect();
+        assert!(priors.windows(2).all(|w| w[0] <= w[1]), "{priors:?}");
+        assert_eq!(a.rate(lookup(9)), a.rate(lookup(LOOKUP_MATCH_CLASSES)));
+        assert_eq!(
+            lookup(0).index(),
+            1,
+            "a zero-length match is the weakest class"
+        );
+        // Rejections of one-token matches leave four-token matches trusted.
+        let mut b = Acceptance::new();
+        for _ in 0..10 {
+            b.record(lookup(1), 4, 0);
+        }
+        assert!(b.rate(lookup(1)) < 0.1);
+        assert_eq!(b.rate(lookup(4)), a.rate(lookup(4)));
+        assert_eq!(b.rate(DRAFT), a.rate(DRAFT));
+        // Idling fades every kind's evidence towards its prior.
+        for _ in 0..300 {
+            b.idle();
+        }
+        assert!((b.rate(lookup(1)) - PRIORS[1]).abs() < 0.01);
+    }
+
+    #[test]
+    fn a_lookup_is_cut_to_what_its_match_pays_for() {
+        let proposer = NgramProposer::new(1, 4);
+        // "1 2 3 4 5 6 7 8" then "... 3 4": a two-token match continuing "5 6 7 8 9".
+        let two = [1, 2, 3, 4, 5, 6, 7, 8, 9, 3, 4];
+        // "... 2 3 4": the same continuation after a four-token match (0 2 3 4).
+        let four = [0, 2, 3, 4, 5, 6, 7, 8, 9, 0, 2, 3, 4];
+        let fresh = Acceptance::new();
+        let cost = line(0.2);
+        let (short, kind) = lookup_proposal(&proposer, &fresh, &two, 8, &cost).unwrap();
+        assert_eq!(kind, ProposalKind::Lookup { matched: 2 });
+        let (long, kind) = lookup_proposal(&proposer, &fresh, &four, 8, &cost).unwrap();
+        assert_eq!(kind, ProposalKind::Lookup { matched: 4 });
+        assert!(long.len() > short.len(), "{long:?} vs {short:?}");
+        assert_eq!(long, &four[4..4 + long.len()]);
+        // The limit bounds it; no lookup without a match; none when nothing pays.
+        let (capped, _) = lookup_proposal(&proposer, &fresh, &four, 2, &cost).unwrap();
+        assert_eq!(capped, &[5, 6]);
+        assert_eq!(
+            lookup_proposal(&proposer, &fresh, &[1, 2, 3], 8, &cost),
+            None
+        );
+        let mut burnt = Acceptance::new();
+        for _ in 0..20 {
+            burnt.record(ProposalKind::Lookup { matched: 2 }, 3, 0);
+        }
+        assert_eq!(lookup_proposal(&proposer, &burnt, &two, 8, &cost), None);
     }
 }

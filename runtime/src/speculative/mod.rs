@@ -23,9 +23,12 @@
 //! - `draft`: a smaller model of the same vocabulary (`--draft-model`) proposes its greedy
 //!   continuation, batched over the sequences, from a paged KV cache of its own
 //!   (`draft_cache`) that keeps only tokens the sequence really has.
-//! - [`adaptive`]: how many tokens to propose for a sequence, from its recent acceptance and
-//!   what a longer step costs ([`StepCost`], measured when the engine starts; for a draft
-//!   model, its own forward passes too).
+//! - [`adaptive`]: how many tokens to propose for a sequence, from its recent acceptance of
+//!   that kind of proposal (a lookup's by the length of its match) and what a longer step
+//!   costs ([`StepCost`], measured when the engine starts; for a draft model, its own forward
+//!   passes too).
+//! - [`replay`]: recorded greedy answers run offline through the lookup policy and a step
+//!   cost curve, against an oracle: what the proposer could give, without timing noise.
 
 pub mod adaptive;
 mod calibrate;
@@ -35,15 +38,16 @@ mod draft_cache;
 mod draft_load;
 pub mod ngram;
 mod proposer;
+pub mod replay;
 mod stats;
 mod step_cost;
 pub mod verify;
 
-pub use adaptive::{best_num_tokens, Acceptance};
+pub use adaptive::{best_num_tokens, lookup_proposal, Acceptance, ProposalKind};
 pub(crate) use calibrate::{measure_step_cost, relative_step_times};
 pub use config::{SpeculativeConfig, SpeculativeMethod, ASSUMED_VERIFY_COST};
 pub use draft_load::{check_vocabulary, DraftError};
-pub use ngram::NgramProposer;
+pub use ngram::{Lookup, NgramProposer};
 pub(crate) use proposer::{ProposalRequest, Proposer};
 pub use stats::SpeculationStats;
 pub use step_cost::StepCost;

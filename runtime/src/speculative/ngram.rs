@@ -23,15 +23,22 @@ impl NgramProposer {
     }
 
     /// Up to `k` tokens that may follow `tokens` (prompt and output so far), or none.
+    pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+        self.lookup(tokens, k)
+            .map_or_else(Vec::new, |found| found.continuation.to_vec())
+    }
+
+    /// The continuation of up to `k` tokens that follows the best earlier occurrence of the
+    /// suffix of `tokens`, with how long the matched suffix is; `None` when nothing matches.
     ///
     /// One backward scan: every earlier position holding the last token is a candidate,
     /// its match length is how far the tokens before it agree with the suffix (at most
     /// `max_n`), and the longest match wins, the latest among equals (recent text predicts
     /// the next words best). The scan stops at the first match of `max_n`.
-    pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
+    pub fn lookup<'t>(&self, tokens: &'t [u32], k: usize) -> Option<Lookup<'t>> {
         let len = tokens.len();
         if k == 0 || len < self.min_n + 1 {
-            return Vec::new();
+            return None;
         }
         let last = tokens[len - 1];
         let max_n = self.max_n.min(len - 1);
@@ -52,11 +59,23 @@ impl NgramProposer {
                 }
             }
         }
-        match best {
-            Some((_, end)) => tokens[end + 1..len.min(end + 1 + k)].to_vec(),
-            None => Vec::new(),
-        }
+        let (matched, end) = best?;
+        Some(Lookup {
+            continuation: &tokens[end + 1..len.min(end + 1 + k)],
+            matched,
+        })
     }
+}
+
+/// What a lookup found: the tokens that followed the matched occurrence, and the length of
+/// the suffix it matched (longer matches are accepted more often: see
+/// [`super::adaptive::ProposalKind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup<'t> {
+    /// The proposed tokens (at least one).
+    pub continuation: &'t [u32],
+    /// How many tokens at the end of the sequence the occurrence matched.
+    pub matched: usize,
 }
 
 #[cfg(test)]
@@ -101,6 +120,19 @@ mod tests {
         // Equal lengths: the latest.
         let tokens = [5, 1, 9, 5, 2, 9, 5];
         assert_eq!(p.propose(&tokens, 1), vec![2]);
+    }
+
+    #[test]
+    fn a_lookup_says_how_long_its_match_is() {
+        let p = NgramProposer::new(1, 3);
+        let tokens = [7, 8, 1, 6, 7, 8, 2, 5, 6, 7, 8];
+        let found = p.lookup(&tokens, 2).unwrap();
+        assert_eq!((found.continuation, found.matched), (&[2, 5][..], 3));
+        // Only the last token recurs.
+        let found = p.lookup(&[4, 9, 5, 9], 3).unwrap();
+        assert_eq!((found.continuation, found.matched), (&[5, 9][..], 1));
+        assert_eq!(p.lookup(&[1, 2, 3], 3), None);
+        assert_eq!(p.lookup(&tokens, 0), None);
     }
 
     #[test]

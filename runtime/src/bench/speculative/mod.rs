@@ -47,6 +47,10 @@ pub struct SpeculativeReport {
     pub generated_tokens: usize,
     /// Whether both engines gave the same tokens for every request (greedy).
     pub identical: bool,
+    /// The last round's answers without speculation, request i answering prompt
+    /// `i % prompts.len()` (for [`replay`]).
+    #[serde(skip)]
+    pub answers: Vec<Vec<u32>>,
 }
 
 /// Greedy requests, ended by the model (or `max_tokens`).
@@ -132,6 +136,7 @@ pub fn speculative(
     let (mut off_rates, mut on_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let mut identical = true;
     let mut generated_tokens = 0;
+    let mut answers = Vec::new();
     for round in 0..rounds.max(1) {
         let run = |engine: &Engine| pass(engine, prompts, concurrency, max_tokens);
         let (a, b) = if round % 2 == 0 {
@@ -143,6 +148,7 @@ pub fn speculative(
         };
         identical &= a.0 == b.0;
         generated_tokens = a.0.iter().map(Vec::len).sum::<usize>();
+        answers.clone_from(&a.0);
         let rate = |(ids, t): &(Vec<Vec<u32>>, Duration)| {
             ids.iter().map(Vec::len).sum::<usize>() as f64 / t.as_secs_f64().max(1e-9)
         };
@@ -165,7 +171,58 @@ pub fn speculative(
         verified_share: spec.verified_share(),
         generated_tokens,
         identical,
+        answers,
     })
+}
+
+/// Recorded greedy answers replayed offline ([`crate::speculative::replay`]): what the
+/// lookup policy gives, and an oracle's bound, on a step cost curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub workload: String,
+    /// Decode tokens replayed.
+    pub tokens: usize,
+    /// Tokens per one-token step with the engine's lookup policy.
+    pub lookup_speedup: f64,
+    /// Accepted over proposed tokens with it.
+    pub lookup_acceptance: f64,
+    /// Tokens per verification with it (accepted proposals plus the target's own).
+    pub lookup_tokens_per_verification: f64,
+    /// The same for a proposer that always finds the longest run of the answer's next
+    /// tokens anywhere in the sequence.
+    pub oracle_speedup: f64,
+}
+
+/// Replays `answers` (answer i to prompt `i % prompts.len()`) through `proposer` and the
+/// oracle at most `limit` proposed tokens per step and `max_tokens` per answer, with steps
+/// priced by `cost`.
+pub fn replay(
+    workload: &str,
+    prompts: &[Vec<u32>],
+    answers: &[Vec<u32>],
+    proposer: &crate::speculative::NgramProposer,
+    limit: usize,
+    max_tokens: usize,
+    cost: &crate::speculative::StepCost,
+) -> ReplayReport {
+    use crate::speculative::replay::{replay_lookup, replay_oracle, ReplayTotals};
+    let (mut lookup, mut oracle) = (ReplayTotals::default(), ReplayTotals::default());
+    for (i, answer) in answers.iter().enumerate() {
+        let prompt = &prompts[i % prompts.len().max(1)];
+        lookup.add(&replay_lookup(
+            proposer, prompt, answer, limit, max_tokens, cost,
+        ));
+        oracle.add(&replay_oracle(prompt, answer, limit, max_tokens, cost));
+    }
+    ReplayReport {
+        workload: workload.to_owned(),
+        tokens: lookup.tokens,
+        lookup_speedup: lookup.speedup(),
+        lookup_acceptance: lookup.accepted as f64 / lookup.proposed.max(1) as f64,
+        lookup_tokens_per_verification: (lookup.accepted + lookup.verifications) as f64
+            / lookup.verifications.max(1) as f64,
+        oracle_speedup: oracle.speedup(),
+    }
 }
 
 /// What one more token adds to a decode step: the time of a step of `1 + k` tokens of one

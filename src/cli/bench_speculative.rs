@@ -28,14 +28,14 @@ pub struct SpeculativeArgs {
     /// Rounds, alternating which engine goes first; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Also time steps of 1 + k tokens against a one-token step (the verify cost), and
-    /// replay the greedy answers offline through the lookup policy and an oracle on that
-    /// curve (`speculative-replay` lines: what lookup can give, free of timing noise).
+    /// Also time steps of 1 + k tokens against a one-token step (the verify cost), and with
+    /// ngram replay the greedy answers offline through the lookup policy and an oracle on
+    /// that curve (`speculative-replay` lines: what lookup can give, free of timing noise).
     #[arg(long)]
     pub verify_cost: bool,
-    /// Also replay the greedy answers on this curve: the time of a step of 1 + k tokens
-    /// against a one-token step for k = 1, 2, 3, ... (comma-separated; e.g. another
-    /// machine's `--verify-cost` figures).
+    /// Also replay the greedy answers through the lookup policy on this curve (ngram only):
+    /// the time of a step of 1 + k tokens against a one-token step for k = 1, 2, 3, ...
+    /// (comma-separated; e.g. another machine's `--verify-cost` figures).
     #[arg(long, value_delimiter = ',')]
     pub replay_curve: Vec<f64>,
 }
@@ -50,6 +50,10 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
     let limit = spec_config.num_speculative_tokens;
     let mut curves = Vec::new();
     if !args.replay_curve.is_empty() {
+        anyhow::ensure!(
+            args.engine.speculative == SpeculativeMethod::Ngram,
+            "--replay-curve replays the lookup proposer: use it with --speculative ngram"
+        );
         let points: Vec<(usize, f64)> = (1..).zip(args.replay_curve.iter().copied()).collect();
         curves.push(
             StepCost::from_measured(&points, limit)

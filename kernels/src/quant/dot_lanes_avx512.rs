@@ -17,9 +17,10 @@
 //! four rows' block sums (lane `b` = block `b`) into four vectors, one per group of four
 //! blocks, whose lane `4r + c` is row `r`'s block `4g + c`; so one 16-lane FMA per group
 //! advances the four accumulation chains of four rows, with the activation scales laid out
-//! in that order beforehand (a lone fifth row runs its four chains on 128-bit vectors). The arithmetic is the common one ([`super::format`]): block `b`
-//! into chain `b % 4` with `fma(Σ, d·d8)` then `fma(m, s8)`, in block order, the chains summed
-//! as `(a0 + a1) + (a2 + a3)`; a last partial step reads only its blocks and runs only the
+//! in that order beforehand (a lone fifth row runs its four chains on 128-bit vectors). The
+//! arithmetic is the common one ([`super::format`]): block `b` into chain `b % 4` with
+//! `fma(Σ, d·d8)` then `fma(m, s8)`, in block order, the chains summed as
+//! `(a0 + a1) + (a2 + a3)`; a last partial step reads only its blocks and runs only the
 //! groups that hold one. So results are bit-identical to every other kernel.
 //!
 //! Per step of 16 blocks an activation row costs eight `vpdpbusd` and a quarter of the four

@@ -14,8 +14,8 @@ use super::{Command, EngineConfig};
 use crate::model::{ForwardBatch, ForwardSeq};
 use crate::scheduler::{ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqId};
 use crate::speculative::{
-    lookup_proposal, measure_step_cost, ProposalKind, ProposalRequest, Proposer, SpeculationStats,
-    SpeculativeConfig, StepCost, ASSUMED_VERIFY_COST,
+    measure_step_cost, ProposalSlot, Proposer, SpeculationStats, SpeculativeConfig, StepCost,
+    ASSUMED_VERIFY_COST,
 };
 
 /// State owned by the engine thread.
@@ -305,10 +305,8 @@ impl EngineCore {
     }
 
     /// Offers each decoding sequence the proposal for its next step: as many tokens as its
-    /// recent acceptance pays for, none while the batch is large enough that verification
-    /// costs nearly what it saves. A lookup is found first, and its length chosen from the
-    /// acceptance of matches as long as the one found; a draft model's length is chosen
-    /// before it runs, with its own passes in the price of a token.
+    /// recent acceptance pays for ([`Proposer::propose`]), none while the batch is large
+    /// enough that verification costs nearly what it saves.
     fn propose(&mut self, context_length: usize) {
         let Some(proposer) = self.proposer.as_mut() else {
             return;
@@ -320,11 +318,8 @@ impl EngineCore {
         if scheduler.num_running() > cfg.max_running {
             return;
         }
-        let (step_cost, draft_cost) = (&self.step_cost, proposer.proposal_cost());
-        let time = |k: usize| step_cost.at(k) + draft_cost * k as f64;
-        let mut proposals: Vec<(SeqId, Vec<u32>)> = Vec::new();
-        let mut requests = Vec::new();
-        for (&id, state) in &mut self.seqs {
+        let (mut slots, mut without) = (Vec::new(), Vec::new());
+        for (&id, state) in &self.seqs {
             if !scheduler.is_decoding(id) {
                 continue;
             }
@@ -337,43 +332,33 @@ impl EngineCore {
             let limit = state
                 .speculative_limit(cfg.num_speculative_tokens)
                 .min(room);
-            let Some(tokens) = scheduler.sequence_tokens(id).filter(|_| limit > 0) else {
-                state.acceptance().idle();
-                continue;
-            };
-            let kind = match &*proposer {
-                Proposer::Ngram(lookup) => {
-                    lookup_proposal(lookup, state.acceptance(), tokens, limit, time).map(
-                        |(proposal, kind)| {
-                            proposals.push((id, proposal.to_vec()));
-                            kind
-                        },
-                    )
-                }
-                Proposer::Draft(_) => {
-                    let k = state
-                        .acceptance()
-                        .num_tokens(ProposalKind::Draft, limit, time);
-                    (k > 0).then(|| {
-                        requests.push(ProposalRequest { id, tokens, k });
-                        ProposalKind::Draft
-                    })
-                }
-            };
-            match kind {
-                Some(kind) => state.proposing(kind),
-                None => state.acceptance().idle(),
+            match scheduler.sequence_tokens(id).filter(|_| limit > 0) {
+                Some(tokens) => slots.push(ProposalSlot {
+                    id,
+                    tokens,
+                    limit,
+                    acceptance: state.acceptance(),
+                }),
+                None => without.push(id),
             }
         }
-        if !requests.is_empty() {
-            let drafted = proposer.propose(&requests);
-            proposals.extend(requests.iter().map(|r| r.id).zip(drafted));
-        }
-        for (id, proposal) in proposals {
-            if proposal.is_empty() || self.scheduler.propose(id, proposal) == 0 {
-                if let Some(state) = self.seqs.get_mut(&id) {
-                    state.acceptance().idle();
+        let step_cost = &self.step_cost;
+        let proposals = proposer.propose(&slots, |k| step_cost.at(k));
+        let offered: Vec<SeqId> = slots.iter().map(|s| s.id).collect();
+        for (id, proposal) in offered.into_iter().zip(proposals) {
+            let kind = proposal.and_then(|(tokens, kind)| {
+                (self.scheduler.propose(id, tokens) > 0).then_some(kind)
+            });
+            if let Some(state) = self.seqs.get_mut(&id) {
+                match kind {
+                    Some(kind) => state.proposing(kind),
+                    None => state.no_proposal(),
                 }
+            }
+        }
+        for id in without {
+            if let Some(state) = self.seqs.get_mut(&id) {
+                state.no_proposal();
             }
         }
     }

@@ -215,13 +215,18 @@ impl SeqState {
     }
 
     /// This sequence's recent acceptance of proposals.
-    pub fn acceptance(&mut self) -> &mut Acceptance {
-        &mut self.acceptance
+    pub fn acceptance(&self) -> &Acceptance {
+        &self.acceptance
     }
 
     /// Notes what made the proposal the next step verifies.
     pub fn proposing(&mut self, kind: ProposalKind) {
         self.proposal_kind = kind;
+    }
+
+    /// A step that verifies nothing for this sequence: its acceptance evidence fades.
+    pub fn no_proposal(&mut self) {
+        self.acceptance.idle();
     }
 
     /// Most tokens to propose for this sequence in one step, under the engine's `limit`.

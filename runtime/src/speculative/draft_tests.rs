@@ -251,3 +251,34 @@ fn vocabularies_must_match_token_for_token() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn the_proposer_gives_each_slot_its_own_draft() {
+    use crate::speculative::proposer::{ProposalSlot, Proposer};
+    use crate::speculative::{Acceptance, ProposalKind};
+    let dir = TempDir::new();
+    let path = dir.model("draft.gguf", &TinySpec::default());
+    let model = load(&path);
+    let mut p = Proposer::Draft(Box::new(proposer(&path, 32, 64)));
+    let (a, b, c) = (prompt(9, 1), prompt(7, 2), prompt(11, 3));
+    let fresh = Acceptance::new();
+    let mut burnt = Acceptance::new();
+    for _ in 0..20 {
+        burnt.record(ProposalKind::Draft, 3, 0);
+    }
+    // The draft is free (cost 0) and a verified token costs 0.2 of a step: at the prior
+    // acceptance (0.6) two tokens pay best, at a spent one none.
+    let slots = [(1, &a, 3, &fresh), (2, &b, 3, &burnt), (3, &c, 2, &fresh)].map(
+        |(id, tokens, limit, acceptance)| ProposalSlot {
+            id,
+            tokens: tokens.as_slice(),
+            limit,
+            acceptance,
+        },
+    );
+    let out = p.propose(&slots, |k| 1.0 + 0.2 * k as f64);
+    assert_eq!(out.len(), 3);
+    assert_eq!(out[0], Some((greedy(&model, &a, 2), ProposalKind::Draft)));
+    assert_eq!(out[1], None, "a spent acceptance proposes nothing");
+    assert_eq!(out[2], Some((greedy(&model, &c, 2), ProposalKind::Draft)));
+}

@@ -48,7 +48,7 @@ pub(crate) use calibrate::{measure_step_cost, relative_step_times};
 pub use config::{SpeculativeConfig, SpeculativeMethod, ASSUMED_VERIFY_COST};
 pub use draft_load::{check_vocabulary, DraftError};
 pub use ngram::{Lookup, NgramProposer};
-pub(crate) use proposer::{ProposalRequest, Proposer};
+pub(crate) use proposer::{ProposalSlot, Proposer};
 pub use stats::SpeculationStats;
 pub use step_cost::StepCost;
 pub use verify::verify;

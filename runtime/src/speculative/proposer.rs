@@ -2,13 +2,30 @@
 
 use tidal_tokenizer::Tokenizer;
 
+use super::adaptive::{lookup_proposal, Acceptance, ProposalKind};
 use super::draft::DraftProposer;
 use super::draft_load::{load_draft, DraftError};
 use super::{NgramProposer, SpeculativeMethod};
 use crate::engine::EngineConfig;
 use crate::kv_cache::SeqId;
 
-/// One sequence the engine wants a proposal for.
+/// One decoding sequence the engine offers a proposal to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProposalSlot<'a> {
+    /// The sequence.
+    pub id: SeqId,
+    /// Its tokens so far, prompt and output.
+    pub tokens: &'a [u32],
+    /// Most tokens it may be proposed (at least one).
+    pub limit: usize,
+    /// Its recent acceptance of proposals, by kind.
+    pub acceptance: &'a Acceptance,
+}
+
+/// A proposal worth verifying, and what made it.
+pub(crate) type Proposal = (Vec<u32>, ProposalKind);
+
+/// One sequence a draft model proposes for, `k` tokens decided beforehand.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProposalRequest<'a> {
     /// The sequence.
@@ -73,11 +90,49 @@ impl Proposer {
         }
     }
 
-    /// Proposals for `requests`, in order (empty where there is none).
-    pub fn propose(&mut self, requests: &[ProposalRequest<'_>]) -> Vec<Vec<u32>> {
+    /// For each slot, in order, the proposal that pays at its acceptance, or `None`.
+    /// `verify_time(k)` is a step verifying k tokens relative to a one-token step; the
+    /// proposer adds its own cost per token ([`Self::proposal_cost`]). A lookup is found
+    /// first and cut to what the acceptance of matches as long as the one found pays for; a
+    /// draft model's length is chosen from its acceptance before it runs.
+    pub fn propose(
+        &mut self,
+        slots: &[ProposalSlot<'_>],
+        verify_time: impl Fn(usize) -> f64,
+    ) -> Vec<Option<Proposal>> {
+        let per_token = self.proposal_cost();
+        let time = |k: usize| verify_time(k) + per_token * k as f64;
         match self {
-            Self::Ngram(p) => requests.iter().map(|r| p.propose(r.tokens, r.k)).collect(),
-            Self::Draft(d) => d.propose(requests),
+            Self::Ngram(p) => slots
+                .iter()
+                .map(|s| {
+                    lookup_proposal(p, s.acceptance, s.tokens, s.limit, time)
+                        .map(|(tokens, kind)| (tokens.to_vec(), kind))
+                })
+                .collect(),
+            Self::Draft(d) => {
+                let ks: Vec<usize> = slots
+                    .iter()
+                    .map(|s| s.acceptance.num_tokens(ProposalKind::Draft, s.limit, time))
+                    .collect();
+                let requests: Vec<ProposalRequest<'_>> = slots
+                    .iter()
+                    .zip(&ks)
+                    .filter(|&(_, &k)| k > 0)
+                    .map(|(s, &k)| ProposalRequest {
+                        id: s.id,
+                        tokens: s.tokens,
+                        k,
+                    })
+                    .collect();
+                let mut drafted = d.propose(&requests).into_iter();
+                ks.iter()
+                    .map(|&k| {
+                        let tokens = if k > 0 { drafted.next() } else { None }?;
+                        (!tokens.is_empty()).then_some((tokens, ProposalKind::Draft))
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -101,5 +156,41 @@ impl Proposer {
             Self::Ngram(_) => (0, 0),
             Self::Draft(d) => d.kv_blocks(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lookup_slot_gets_its_own_continuation_and_kind() {
+        let mut p = Proposer::Ngram(NgramProposer::new(1, 4));
+        let fresh = Acceptance::new();
+        // "... 2 3 4" matched four tokens back ("0 2 3 4"); "9 8" matches nothing.
+        let quoted = [0, 2, 3, 4, 5, 6, 7, 8, 9, 0, 2, 3, 4];
+        let unmatched = [9, 8];
+        let slots = [
+            ProposalSlot {
+                id: 1,
+                tokens: &quoted,
+                limit: 3,
+                acceptance: &fresh,
+            },
+            ProposalSlot {
+                id: 2,
+                tokens: &unmatched,
+                limit: 3,
+                acceptance: &fresh,
+            },
+        ];
+        let out = p.propose(&slots, |_| 1.0);
+        assert_eq!(
+            out,
+            vec![
+                Some((vec![5, 6, 7], ProposalKind::Lookup { matched: 4 })),
+                None
+            ]
+        );
     }
 }

@@ -119,8 +119,14 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
     if args.verify_cost {
         let file = ModelFile::open(args.engine.model_path()?)?;
         let model = Model::load(&file, args.engine.quantize)?;
-        let report = spec::verify_cost(model, 256, &[1, 2, 3, 4, 6, 8], 15)
-            .context("a timed forward pass failed")?;
+        let report = spec::verify_cost(
+            model,
+            args.engine.threads,
+            256,
+            &[1, 2, 3, 4, 5, 6, 7, 8],
+            15,
+        )
+        .context("a timed forward pass failed")?;
         println!(
             "{}",
             serde_json::json!({"bench": "speculative-verify-cost", "report": report})

@@ -25,11 +25,18 @@
 //!
 //! Per step of 16 blocks an activation row costs eight `vpdpbusd` and a quarter of the four
 //! rows' float steps, where the one-row kernel spends about forty instructions per row.
+//!
+//! Where a row's last step holds one to four blocks (576 and 640 weights: 18 and 20 blocks),
+//! four consecutive weight rows share that step, as in the one-row kernel
+//! ([`super::dot_avx512`]): lane `4s + j` holds block `j` of row `s`'s tail, the activations'
+//! first four lanes are broadcast to the four segments, and after the transpose of segments,
+//! vector `s` holds the tails of row `s` for the four activation rows ([`tail_quad`]).
 
 use std::arch::x86_64::*;
 
 use super::dot_avx512::{
-    block_offsets, halves, scales16, segments, step_start, Lane64, QsLayout, STEP,
+    block_offsets, halves, halves_of, load4, scales16, segments, step_start, tail_quad_offsets,
+    Lane64, QsLayout, QUAD as WEIGHT_QUAD, STEP,
 };
 use super::format::{Format, CHAINS};
 use super::matmul::OutCols;
@@ -163,17 +170,149 @@ unsafe fn rows_in_quads<F: Format, const Q: usize>(
     let row_bytes = nb * F::BLOCK_BYTES;
     debug_assert_eq!(w.len(), rows * row_bytes);
     debug_assert!(x.m <= QUAD * Q);
-    for (j, wr) in w.chunks_exact(row_bytes.max(1)).take(rows).enumerate() {
+    let tail = nb % STEP;
+    let quads = if (1..=CHAINS).contains(&tail) {
+        rows / WEIGHT_QUAD
+    } else {
+        0
+    };
+    for wq in 0..quads {
+        let j = wq * WEIGHT_QUAD;
+        let rows4 = &w[j * row_bytes..(j + WEIGHT_QUAD) * row_bytes];
+        // SAFETY: four rows of nb blocks whose last step holds 1 to 4; x holds nb blocks per
+        // row; features by contract.
+        let acc = unsafe { dot_quad::<F, Q>(rows4, nb, x) };
+        for (jj, a) in acc.iter().enumerate() {
+            // SAFETY: AVX-512F by contract.
+            unsafe { store_chains(a, x.m, j + jj, out) };
+        }
+    }
+    let done = quads * WEIGHT_QUAD;
+    for (j, wr) in w[done * row_bytes..]
+        .chunks_exact(row_bytes.max(1))
+        .take(rows - done)
+        .enumerate()
+    {
         // SAFETY: wr is nb blocks; x holds nb blocks per row; features by contract.
         let acc = unsafe { dot::<F, Q>(wr, nb, x) };
-        for (q, a) in acc.iter().enumerate() {
-            let mut lanes = F32x16::default();
-            // SAFETY: lanes is 64 aligned bytes; AVX-512F by contract.
-            unsafe { _mm512_store_ps(lanes.0.as_mut_ptr(), *a) };
-            for (r, c) in lanes.0.chunks_exact(CHAINS).enumerate() {
-                let i = QUAD * q + r;
-                if i < x.m {
-                    out.set(i, j, (c[0] + c[1]) + (c[2] + c[3]));
+        // SAFETY: AVX-512F by contract.
+        unsafe { store_chains(&acc, x.m, done + j, out) };
+    }
+}
+
+/// Writes weight row `j`'s results for the `m` activation rows: per quad, the sums of the
+/// four chains of each row (lane `4r + c` = chain `c` of row `4q + r`).
+///
+/// # Safety
+/// AVX-512F available.
+#[inline(always)]
+unsafe fn store_chains<const Q: usize>(acc: &[__m512; Q], m: usize, j: usize, out: &mut OutCols) {
+    for (q, a) in acc.iter().enumerate() {
+        let mut lanes = F32x16::default();
+        // SAFETY: lanes is 64 aligned bytes; AVX-512F by the caller's contract.
+        unsafe { _mm512_store_ps(lanes.0.as_mut_ptr(), *a) };
+        for (r, c) in lanes.0.chunks_exact(CHAINS).enumerate() {
+            let i = QUAD * q + r;
+            if i < m {
+                out.set(i, j, (c[0] + c[1]) + (c[2] + c[3]));
+            }
+        }
+    }
+}
+
+/// Four consecutive weight rows (`rows4`) against every row of `x`, for rows whose last step
+/// holds one to four blocks: each row's whole steps as in [`dot`], then the four tails as one
+/// step ([`tail_quad`]) instead of four mostly empty ones.
+#[inline(always)]
+unsafe fn dot_quad<F: Format, const Q: usize>(
+    rows4: &[u8],
+    nb: usize,
+    x: &BlockLanes,
+) -> [[__m512; Q]; WEIGHT_QUAD] {
+    let row_bytes = nb * F::BLOCK_BYTES;
+    // SAFETY (whole function): as `dot` per row; the tails are `tail_quad`'s contract.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); Q]; WEIGHT_QUAD];
+        let offsets = block_offsets::<F>();
+        let whole = nb / STEP;
+        for (wr, acc) in rows4.chunks_exact(row_bytes).zip(&mut acc) {
+            for step in 0..whole {
+                step16::<F, Q, false>(wr, step, STEP, offsets, x, acc);
+            }
+        }
+        tail_quad::<F, Q>(rows4, row_bytes, whole, nb - whole * STEP, x, &mut acc);
+        acc
+    }
+}
+
+/// The last `count` (1 to 4) blocks of four weight rows as one step: lane `4s + j` holds block
+/// `j` of row `s`'s tail, against the activations' tail blocks broadcast to the four
+/// segments, so group `s` of the block sums is row `s`'s tail, added to row `s`'s chains as
+/// the one group of a partial step would be (block `16 step + j` into chain `j`).
+///
+/// # Safety
+/// As [`dot`]; `rows4` holds four rows of `row_bytes` bytes whose blocks from `16 step` on
+/// are the last `count` ≤ 4; `x`'s rows hold step `step`.
+#[inline(always)]
+unsafe fn tail_quad<F: Format, const Q: usize>(
+    rows4: &[u8],
+    row_bytes: usize,
+    step: usize,
+    count: usize,
+    x: &BlockLanes,
+    acc: &mut [[__m512; Q]; WEIGHT_QUAD],
+) {
+    // SAFETY (whole function): only blocks j < count of each row's tail are read (masked
+    // loads and gather); features by the caller's contract.
+    unsafe {
+        let base = rows4.as_ptr().add(step * STEP * F::BLOCK_BYTES);
+        let blocks: [[(bool, *const u8); 4]; 4] = [0, 1, 2, 3].map(|j| {
+            [0, 1, 2, 3].map(|s| {
+                (
+                    j < count,
+                    base.wrapping_add(s * row_bytes + j * F::BLOCK_BYTES),
+                )
+            })
+        });
+        let (lo, hi) = weights_at::<F, true>(blocks);
+        let (offsets, valid) = tail_quad_offsets::<F>(row_bytes, count);
+        let (d, m) = scales16::<F, true>(base, offsets, valid);
+        let mut scales = [F32x16::default(), F32x16::default()];
+        _mm512_store_ps(scales[0].0.as_mut_ptr(), d);
+        _mm512_store_ps(scales[1].0.as_mut_ptr(), m);
+        let w = Step {
+            lo,
+            hi,
+            step,
+            groups: 1,
+        };
+        let (d, m) = (scales[0].0.as_ptr(), scales[1].0.as_ptr());
+        for q in 0..Q {
+            let sums = block_sums::<F, true>(x, q, &w);
+            let (d8, s8) = x.scales(q, step, 0);
+            if x.m - QUAD * q == 1 {
+                // A lone row: its chains on 128-bit vectors, as in `quad`.
+                for (s, acc) in acc.iter_mut().enumerate() {
+                    let mut a = _mm512_castps512_ps128(acc[q]);
+                    let dd = _mm_mul_ps(_mm_load_ps(d.add(CHAINS * s)), _mm_load_ps(d8.0.as_ptr()));
+                    a = _mm_fmadd_ps(segment(sums[0], s), dd, a);
+                    if F::HAS_OFFSET {
+                        let ms = _mm_load_ps(m.add(CHAINS * s));
+                        a = _mm_fmadd_ps(ms, _mm_load_ps(s8.0.as_ptr()), a);
+                    }
+                    acc[q] = _mm512_castps128_ps512(a);
+                }
+                continue;
+            }
+            // Vector s: lane 4r + c = activation row r's sum with row s's tail block c.
+            let by_weight_row = transpose_segments(sums);
+            for (s, (t, acc)) in by_weight_row.into_iter().zip(acc.iter_mut()).enumerate() {
+                let ds = _mm512_broadcast_f32x4(_mm_load_ps(d.add(CHAINS * s)));
+                let dd = _mm512_mul_ps(ds, _mm512_load_ps(d8.0.as_ptr()));
+                acc[q] = _mm512_fmadd_ps(t, dd, acc[q]);
+                if F::HAS_OFFSET {
+                    let ms = _mm512_broadcast_f32x4(_mm_load_ps(m.add(CHAINS * s)));
+                    acc[q] = _mm512_fmadd_ps(ms, _mm512_load_ps(s8.0.as_ptr()), acc[q]);
                 }
             }
         }
@@ -295,6 +434,48 @@ unsafe fn weights<F: Format, const PARTIAL: bool>(
     }
 }
 
+/// [`weights`] of any sixteen blocks: `blocks[j][s]` is block `4s + j` of the step (its start,
+/// and whether it is read; with `PARTIAL`, one that is not read is zeros).
+///
+/// # Safety
+/// AVX-512 F/BW/VL available; every block to be read is readable.
+#[inline(always)]
+unsafe fn weights_at<F: Format, const PARTIAL: bool>(
+    blocks: [[(bool, *const u8); 4]; 4],
+) -> ([__m512i; 4], [__m512i; 4]) {
+    // SAFETY: only the blocks marked live are read (caller's contract).
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
+        if let QsLayout::Nibbles {
+            at,
+            high_bits: None,
+        } = F::QS_AT
+        {
+            let mut packed = [zero; 4];
+            for (j, p) in packed.iter_mut().enumerate() {
+                *p = load4::<PARTIAL>(blocks[j].map(|(live, b)| (live, b.wrapping_add(at))));
+            }
+            let packed = transpose_words(packed);
+            let mask = _mm512_set1_epi8(0x0F);
+            for u in 0..4 {
+                lo[u] = _mm512_and_si512(packed[u], mask);
+                hi[u] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed[u]), mask);
+            }
+            return (lo, hi);
+        }
+        for j in 0..4 {
+            (lo[j], hi[j]) = halves_of::<F, PARTIAL>(blocks[j]);
+            if F::SIGNED {
+                let bias = _mm512_set1_epi8(-128);
+                lo[j] = _mm512_xor_si512(lo[j], bias);
+                hi[j] = _mm512_xor_si512(hi[j], bias);
+            }
+        }
+        (transpose_words(lo), transpose_words(hi))
+    }
+}
+
 /// Quad `q` of `x` against the step's weights `w`, added to its chains `acc`; `scales` holds
 /// the step's `d` and `m` in block order.
 ///
@@ -311,28 +492,7 @@ unsafe fn quad<F: Format>(
     // SAFETY: every row index is below `x.m` and the step below `x.steps` (caller's
     // contract); features by the caller's contract.
     unsafe {
-        let zero = _mm512_setzero_si512();
-        let mut sums = [_mm512_setzero_ps(); QUAD];
-        for (r, s) in sums.iter_mut().enumerate() {
-            let i = QUAD * q + r;
-            if i >= x.m {
-                break;
-            }
-            let xl = x.lanes(i, w.step);
-            let start = if F::SIGNED {
-                _mm512_load_si512(x.bias[i * x.steps + w.step].0.as_ptr() as *const __m512i)
-            } else {
-                zero
-            };
-            // Two chains of four, so a lone row is not bound by vpdpbusd's latency.
-            let mut a = start;
-            let mut b = zero;
-            for u in 0..4 {
-                a = _mm512_dpbusd_epi32(a, w.lo[u], load(&xl[u]));
-                b = _mm512_dpbusd_epi32(b, w.hi[u], load(&xl[4 + u]));
-            }
-            *s = _mm512_cvtepi32_ps(_mm512_add_epi32(a, b));
-        }
+        let sums = block_sums::<F, false>(x, q, w);
         let (d, m) = (scales[0].0.as_ptr(), scales[1].0.as_ptr());
         if x.m - QUAD * q == 1 {
             // A lone row (five rows in all): its four chains in lanes 0..4, on 128-bit
@@ -361,6 +521,66 @@ unsafe fn quad<F: Format>(
             }
         }
         acc
+    }
+}
+
+/// Quad `q`'s exact block sums with the step's weights `w`, as f32 (vector `r`, lane `b`:
+/// activation row `4q + r`, block `b`); zeros for rows past `x.m`. With `TAIL`, the
+/// activations' first four blocks of the step (lanes 0..4, bias included) are broadcast to
+/// the four segments, for a [`tail_quad`] step.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI available; the quad and step exist in `x`.
+#[inline(always)]
+unsafe fn block_sums<F: Format, const TAIL: bool>(
+    x: &BlockLanes,
+    q: usize,
+    w: &Step,
+) -> [__m512; QUAD] {
+    // SAFETY: every row index is below `x.m` and the step below `x.steps` (caller's
+    // contract); features by the caller's contract.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut sums = [_mm512_setzero_ps(); QUAD];
+        for (r, s) in sums.iter_mut().enumerate() {
+            let i = QUAD * q + r;
+            if i >= x.m {
+                break;
+            }
+            let xl = x.lanes(i, w.step);
+            let start = if F::SIGNED {
+                spread::<TAIL>(_mm512_load_si512(
+                    x.bias[i * x.steps + w.step].0.as_ptr() as *const __m512i
+                ))
+            } else {
+                zero
+            };
+            // Two chains of four, so a lone row is not bound by vpdpbusd's latency.
+            let mut a = start;
+            let mut b = zero;
+            for u in 0..4 {
+                a = _mm512_dpbusd_epi32(a, w.lo[u], spread::<TAIL>(load(&xl[u])));
+                b = _mm512_dpbusd_epi32(b, w.hi[u], spread::<TAIL>(load(&xl[4 + u])));
+            }
+            *s = _mm512_cvtepi32_ps(_mm512_add_epi32(a, b));
+        }
+        sums
+    }
+}
+
+/// With `TAIL`, `v`'s first 128-bit segment in all four; otherwise `v`.
+///
+/// # Safety
+/// AVX-512F available.
+#[inline(always)]
+unsafe fn spread<const TAIL: bool>(v: __m512i) -> __m512i {
+    // SAFETY: register operations only.
+    unsafe {
+        if TAIL {
+            _mm512_shuffle_i32x4::<0>(v, v)
+        } else {
+            v
+        }
     }
 }
 

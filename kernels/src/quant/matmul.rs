@@ -643,6 +643,18 @@ pub(crate) mod tests {
             (5, 64, 9),
             (6, 64, 9),
             (7, 96, 3),
+            // Rows whose last step holds one to four blocks share it four at a time: one
+            // quad and a lone row, two quads, a tail of one, two and three blocks.
+            (1, 640, 5),
+            (3, 544, 8),
+            (2, 1088, 11),
+            (5, 608, 4),
+            (1, 576, 13),
+            (6, 544, 9),
+            // Rows of one short step: nothing but the shared tails.
+            (1, 64, 12),
+            (5, 96, 8),
+            (8, 128, 9),
             // The block-per-lane kernel (two to eight rows): one and two quads of rows, full
             // and partial, at the models' widths (18, 20 and 48 blocks).
             (4, 576, 7),

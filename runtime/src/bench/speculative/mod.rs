@@ -239,8 +239,25 @@ pub struct VerifyCostReport {
 
 /// Measures [`VerifyCostReport`] on `model` directly (no scheduler, no sampling), as the
 /// engine does when it starts but at a chosen context and with more rounds: `repeats`
-/// rounds that time every size once, medians. `None` when a timed pass fails.
+/// rounds that time every size once, medians. The passes run inside a kernel pool of
+/// `threads` (`None`: one per core), as the engine's do: called from outside a pool, every
+/// parallel kernel pays a hand-off between threads, which on a fast CPU doubled the
+/// one-token step and flattened the curve. `None` when a timed pass fails.
 pub fn verify_cost(
+    model: crate::model::Model,
+    threads: Option<usize>,
+    context: usize,
+    ks: &[usize],
+    repeats: usize,
+) -> Option<VerifyCostReport> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .ok()?;
+    pool.install(|| verify_cost_in_pool(model, context, ks, repeats))
+}
+
+fn verify_cost_in_pool(
     model: crate::model::Model,
     context: usize,
     ks: &[usize],

@@ -274,7 +274,7 @@ unsafe fn tail_quad<F: Format, const Q: usize>(
                 )
             })
         });
-        let (lo, hi) = weights_at::<F, true>(blocks);
+        let (lo, hi) = weights::<F, _>(&AnyBlocks(blocks));
         let (offsets, valid) = tail_quad_offsets::<F>(row_bytes, count);
         let (d, m) = scales16::<F, true>(base, offsets, valid);
         let mut scales = [F32x16::default(), F32x16::default()];
@@ -359,7 +359,7 @@ unsafe fn step16<F: Format, const Q: usize, const PARTIAL: bool>(
     // below `x.steps`.
     unsafe {
         let (base, valid) = step_start::<F, PARTIAL>(wr, step, count);
-        let (lo, hi) = weights::<F, PARTIAL>(base, count);
+        let (lo, hi) = weights::<F, _>(&RowStep::<PARTIAL> { base, count });
         let (d, m) = scales16::<F, PARTIAL>(base, offsets, valid);
         let mut scales = [F32x16::default(), F32x16::default()];
         _mm512_store_ps(scales[0].0.as_mut_ptr(), d);
@@ -389,61 +389,69 @@ struct Step {
     groups: usize,
 }
 
-/// The step's weights at `base` in the kernel's order ([`Step`]'s `lo`, `hi`): Q4_0 and Q4_1
-/// are transposed while packed (one transpose for both halves), the others after unpacking;
-/// Q8_0 biased by 128. With `PARTIAL`, blocks from `count` on are zeros (biased for Q8_0) and
-/// not read.
-///
-/// # Safety
-/// AVX-512 F/BW/VL available; the step's blocks below `count` are readable at `base`.
-#[inline(always)]
-unsafe fn weights<F: Format, const PARTIAL: bool>(
+/// Where a step's sixteen blocks are read from: vector `j`'s four blocks `j`, `4 + j`,
+/// `8 + j`, `12 + j`, one per 128-bit segment.
+trait StepBlocks {
+    /// 16 bytes at byte `at` of vector `j`'s blocks.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL available; the blocks the source reads are readable.
+    unsafe fn segments<F: Format>(&self, j: usize, at: usize) -> __m512i;
+    /// The unpacked `q` of vector `j`'s blocks (weights 0..16, 16..32).
+    ///
+    /// # Safety
+    /// As [`StepBlocks::segments`].
+    unsafe fn halves<F: Format>(&self, j: usize) -> (__m512i, __m512i);
+}
+
+/// Step `16 step` of one weight row: its blocks in order from `base`; with `PARTIAL`, only the
+/// first `count` read (the others zeros).
+struct RowStep<const PARTIAL: bool> {
     base: *const u8,
     count: usize,
-) -> ([__m512i; 4], [__m512i; 4]) {
-    // SAFETY: only blocks below `count` are read (caller's contract).
-    unsafe {
-        let zero = _mm512_setzero_si512();
-        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
-        if let QsLayout::Nibbles {
-            at,
-            high_bits: None,
-        } = F::QS_AT
-        {
-            let mut packed = [zero; 4];
-            for (j, p) in packed.iter_mut().enumerate() {
-                *p = segments::<F, PARTIAL>(base, j, count, at);
-            }
-            let packed = transpose_words(packed);
-            let mask = _mm512_set1_epi8(0x0F);
-            for u in 0..4 {
-                lo[u] = _mm512_and_si512(packed[u], mask);
-                hi[u] = _mm512_and_si512(_mm512_srli_epi16::<4>(packed[u]), mask);
-            }
-            return (lo, hi);
-        }
-        for j in 0..4 {
-            (lo[j], hi[j]) = halves::<F, PARTIAL>(base, j, count);
-            if F::SIGNED {
-                let bias = _mm512_set1_epi8(-128);
-                lo[j] = _mm512_xor_si512(lo[j], bias);
-                hi[j] = _mm512_xor_si512(hi[j], bias);
-            }
-        }
-        (transpose_words(lo), transpose_words(hi))
+}
+
+impl<const PARTIAL: bool> StepBlocks for RowStep<PARTIAL> {
+    #[inline(always)]
+    unsafe fn segments<F: Format>(&self, j: usize, at: usize) -> __m512i {
+        // SAFETY: by the caller's contract.
+        unsafe { segments::<F, PARTIAL>(self.base, j, self.count, at) }
+    }
+
+    #[inline(always)]
+    unsafe fn halves<F: Format>(&self, j: usize) -> (__m512i, __m512i) {
+        // SAFETY: by the caller's contract.
+        unsafe { halves::<F, PARTIAL>(self.base, j, self.count) }
     }
 }
 
-/// [`weights`] of any sixteen blocks: `blocks[j][s]` is block `4s + j` of the step (its start,
-/// and whether it is read; with `PARTIAL`, one that is not read is zeros).
+/// Any sixteen blocks: `[j][s]` is block `4s + j` (its start, and whether it is read; one not
+/// read is zeros).
+struct AnyBlocks([[(bool, *const u8); 4]; 4]);
+
+impl StepBlocks for AnyBlocks {
+    #[inline(always)]
+    unsafe fn segments<F: Format>(&self, j: usize, at: usize) -> __m512i {
+        // SAFETY: by the caller's contract.
+        unsafe { load4::<true>(self.0[j].map(|(live, b)| (live, b.wrapping_add(at)))) }
+    }
+
+    #[inline(always)]
+    unsafe fn halves<F: Format>(&self, j: usize) -> (__m512i, __m512i) {
+        // SAFETY: by the caller's contract.
+        unsafe { halves_of::<F, true>(self.0[j]) }
+    }
+}
+
+/// A step's weights in the kernel's order ([`Step`]'s `lo`, `hi`): Q4_0 and Q4_1 are
+/// transposed while packed (one transpose for both halves), the others after unpacking; Q8_0
+/// biased by 128. Blocks not read are zeros (biased for Q8_0).
 ///
 /// # Safety
-/// AVX-512 F/BW/VL available; every block to be read is readable.
+/// AVX-512 F/BW/VL available; the blocks `src` reads are readable.
 #[inline(always)]
-unsafe fn weights_at<F: Format, const PARTIAL: bool>(
-    blocks: [[(bool, *const u8); 4]; 4],
-) -> ([__m512i; 4], [__m512i; 4]) {
-    // SAFETY: only the blocks marked live are read (caller's contract).
+unsafe fn weights<F: Format, B: StepBlocks>(src: &B) -> ([__m512i; 4], [__m512i; 4]) {
+    // SAFETY: only the blocks `src` reads are read (caller's contract).
     unsafe {
         let zero = _mm512_setzero_si512();
         let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
@@ -454,7 +462,7 @@ unsafe fn weights_at<F: Format, const PARTIAL: bool>(
         {
             let mut packed = [zero; 4];
             for (j, p) in packed.iter_mut().enumerate() {
-                *p = load4::<PARTIAL>(blocks[j].map(|(live, b)| (live, b.wrapping_add(at))));
+                *p = src.segments::<F>(j, at);
             }
             let packed = transpose_words(packed);
             let mask = _mm512_set1_epi8(0x0F);
@@ -465,7 +473,7 @@ unsafe fn weights_at<F: Format, const PARTIAL: bool>(
             return (lo, hi);
         }
         for j in 0..4 {
-            (lo[j], hi[j]) = halves_of::<F, PARTIAL>(blocks[j]);
+            (lo[j], hi[j]) = src.halves::<F>(j);
             if F::SIGNED {
                 let bias = _mm512_set1_epi8(-128);
                 lo[j] = _mm512_xor_si512(lo[j], bias);

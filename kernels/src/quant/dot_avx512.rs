@@ -24,7 +24,7 @@
 //! ([`tail_quad`]): block `4s + j` of that step is block `j` of row `s`'s tail, against the
 //! activations' tail broadcast to the four segments, and group `s` of its sums goes into row
 //! `s`'s chains exactly as a partial step's first group would. That cut the 210 weight
-//! matmuls of a SmolLM2 step at one row by 10–35 % (criterion
+//! matmuls of a SmolLM2 step at one row by 14–38 % (criterion
 //! `q{4_0,4_1,5_0}_step_30_layers_m1/avx512vnni`, 2-core AMX Xeon).
 
 use std::arch::x86_64::*;

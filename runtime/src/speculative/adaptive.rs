@@ -157,7 +157,7 @@ pub fn lookup_proposal<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::speculative::step_cost::AVX512_SMOLLM2;
+    use crate::speculative::step_cost::BENT_CURVE;
     use crate::speculative::StepCost;
 
     /// A step of k verified tokens at `c` per token.
@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn a_measured_curve_buys_the_cheap_long_steps() {
         // The AVX-512 curve: k = 4..8 cost about what k = 3 does.
-        let curve = StepCost::from_measured(&AVX512_SMOLLM2, 8).unwrap();
+        let curve = StepCost::from_measured(&BENT_CURVE, 8).unwrap();
         let k = best_num_tokens(0.7, 8, |k| curve.at(k));
         assert_eq!(k, 8, "long proposals are nearly free here");
         // The straight line through the same points stops earlier.

@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn a_measured_curve_buys_the_cheap_long_steps() {
-        // The AVX-512 curve: k = 4..8 cost about what k = 3 does.
+        // A bent curve: k = 4..8 cost about what k = 3 does.
         let curve = StepCost::from_measured(&BENT_CURVE, 8).unwrap();
         let k = best_num_tokens(0.7, 8, |k| curve.at(k));
         assert_eq!(k, 8, "long proposals are nearly free here");

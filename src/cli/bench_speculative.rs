@@ -119,14 +119,10 @@ pub fn run(mut args: SpeculativeArgs) -> anyhow::Result<()> {
     if args.verify_cost {
         let file = ModelFile::open(args.engine.model_path()?)?;
         let model = Model::load(&file, args.engine.quantize)?;
-        let report = spec::verify_cost(
-            model,
-            args.engine.threads,
-            256,
-            &[1, 2, 3, 4, 5, 6, 7, 8],
-            15,
-        )
-        .context("a timed forward pass failed")?;
+        // Every k the engine may propose, as its own calibration times them.
+        let ks: Vec<usize> = (1..=limit.max(1)).collect();
+        let report = spec::verify_cost(model, args.engine.threads, 256, &ks, 15)
+            .context("timing steps of 1 + k tokens")?;
         println!(
             "{}",
             serde_json::json!({"bench": "speculative-verify-cost", "report": report})

@@ -67,9 +67,7 @@ pub fn perplexity(
     tokens: &[u32],
     options: &PerplexityOptions,
 ) -> Result<PerplexityReport, ModelError> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.threads.unwrap_or(0))
-        .build()
+    let pool = crate::engine::kernel_pool(options.threads)
         .map_err(|e| ModelError::Kernel(format!("cannot start kernel threads: {e}")))?;
     pool.install(|| evaluate(model, tokens, options))
 }

@@ -122,10 +122,7 @@ impl Engine {
         );
         // The loop runs on a worker of the kernels' rayon pool: parallel kernels called from
         // outside a pool pay a cross-thread hand-off on every call (4× slower attention).
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.threads.unwrap_or(0))
-            .thread_name(|i| format!("tidal-kernel-{i}"))
-            .build()
+        let pool = kernel_pool(config.threads)
             .map_err(|e| EngineError::Invalid(format!("cannot start kernel threads: {e}")))?;
         std::thread::Builder::new()
             .name("tidal-engine".into())
@@ -214,6 +211,19 @@ impl Engine {
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
+}
+
+/// A rayon pool of `threads` kernel workers (`None`: one per core) for forward passes to run
+/// in (`pool.install`). Parallel kernels called from outside a pool pay a cross-thread hand-off
+/// on every call: the engine's loop, and the benchmarks that time passes without an engine,
+/// run inside one.
+pub(crate) fn kernel_pool(
+    threads: Option<usize>,
+) -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .thread_name(|i| format!("tidal-kernel-{i}"))
+        .build()
 }
 
 #[cfg(test)]

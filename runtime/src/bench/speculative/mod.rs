@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::median;
 use crate::engine::{Engine, EngineError, GenerationEvent, GenerationRequest};
+use crate::model::ModelError;
 use crate::speculative::SpeculationStats;
 
 /// The grounded workload's user messages.
@@ -239,43 +240,36 @@ pub struct VerifyCostReport {
 
 /// Measures [`VerifyCostReport`] on `model` directly (no scheduler, no sampling), as the
 /// engine does when it starts but at a chosen context and with more rounds: `repeats`
-/// rounds that time every size once, medians. The passes run inside a kernel pool of
-/// `threads` (`None`: one per core), as the engine's do: called from outside a pool, every
-/// parallel kernel pays a hand-off between threads, which on a fast CPU doubled the
-/// one-token step and flattened the curve. `None` when a timed pass fails.
+/// rounds that time every size once, medians. The passes run in a kernel pool of `threads`
+/// (`None`: one per core), as the engine's do ([`crate::engine::kernel_pool`]).
+///
+/// # Errors
+/// If the threads cannot start or a timed pass fails.
 pub fn verify_cost(
     model: crate::model::Model,
     threads: Option<usize>,
     context: usize,
     ks: &[usize],
     repeats: usize,
-) -> Option<VerifyCostReport> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.unwrap_or(0))
-        .build()
-        .ok()?;
-    pool.install(|| verify_cost_in_pool(model, context, ks, repeats))
-}
-
-fn verify_cost_in_pool(
-    model: crate::model::Model,
-    context: usize,
-    ks: &[usize],
-    repeats: usize,
-) -> Option<VerifyCostReport> {
+) -> Result<VerifyCostReport, ModelError> {
+    let pool = crate::engine::kernel_pool(threads)
+        .map_err(|e| ModelError::Kernel(format!("cannot start kernel threads: {e}")))?;
     let block_size = 16;
     let max_k = ks.iter().copied().max().unwrap_or(0);
     let blocks = (context + max_k + 1).div_ceil(block_size);
     let kv = crate::model::KvStorage::new(model.config(), Default::default(), blocks, block_size);
     let mut executor = crate::engine::Executor::Cpu { model, kv };
     let cache = (blocks, block_size);
-    let (one, relative) =
-        crate::speculative::relative_step_times(&mut executor, cache, context, ks, repeats)?;
+    let (one, relative) = pool
+        .install(|| {
+            crate::speculative::relative_step_times(&mut executor, cache, context, ks, repeats)
+        })
+        .ok_or_else(|| ModelError::Kernel("a timed forward pass failed".into()))?;
     // Slope through (0, 1): sum k (r - 1) / sum k².
     let (num, den) = relative.iter().fold((0.0, 0.0), |(n, d), &(k, r)| {
         (n + k as f64 * (r - 1.0), d + (k * k) as f64)
     });
-    Some(VerifyCostReport {
+    Ok(VerifyCostReport {
         context,
         one_token_step: Duration::from_secs_f64(one),
         relative_step_time: relative,

@@ -1,6 +1,6 @@
-//! AVX-512 VNNI quantised matmul for decode and small batches: one weight row at a time (read
-//! sequentially, as [`super::dot_avx2`]) against up to four activation rows, sixteen blocks
-//! per step.
+//! AVX-512 VNNI quantised matmul for decode: one weight row at a time (read sequentially, as
+//! [`super::dot_avx2`]) against the step's one activation row, sixteen blocks per step. (The
+//! step functions take `R` activation rows; decode instantiates one.)
 //!
 //! The AVX2 row kernel spends most of its instructions turning each block's eight partial
 //! sums into one (a `hadd` tree per four blocks) and gathering f16 scales one at a time. Here
@@ -29,7 +29,7 @@
 
 use std::arch::x86_64::*;
 
-use super::dot_avx2::{chain_totals, store};
+use super::dot_avx2::chain_totals;
 use super::format::{Format, CHAINS, WEIGHTS_AHEAD};
 use super::matmul::{OutCols, XRow};
 use super::q4_1::QK;
@@ -86,18 +86,18 @@ pub(super) struct XRow16<'a> {
     pub lanes: &'a [Lane64],
 }
 
-/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`.
+/// `out[0, j] = w_j · x` for the `rows` weight rows in `w` and the one activation row `x`
+/// (decode; two to eight rows take [`super::dot_lanes_avx512`]).
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; `w` is `rows` rows of `nb` blocks of
-/// `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and `s`) and
-/// `nb / STEP * 8` lanes.
+/// `F`; `x` holds `nb` blocks (and `nb` values of `d` and `s`) and `nb / STEP * 8` lanes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows<F: Format>(
     w: &[u8],
     rows: usize,
     nb: usize,
-    xs: &[XRow16<'_>],
+    x: XRow16<'_>,
     out: &mut OutCols,
 ) {
     let row_bytes = nb * F::BLOCK_BYTES;
@@ -110,22 +110,10 @@ pub(super) unsafe fn rows<F: Format>(
     };
     for q in 0..quads {
         let wq = &w[q * QUAD * row_bytes..(q + 1) * QUAD * row_bytes];
-        let j = q * QUAD;
-        let mut i = 0;
-        while i < xs.len() {
-            // SAFETY (all arms): features by contract; wq is four rows of nb blocks.
-            i += match xs.len() - i {
-                1 => store_quad(out, i, j, unsafe { dot_quad::<F, 1>(wq, nb, [xs[i]]) }),
-                2 => store_quad(out, i, j, unsafe {
-                    dot_quad::<F, 2>(wq, nb, [xs[i], xs[i + 1]])
-                }),
-                3 => store_quad(out, i, j, unsafe {
-                    dot_quad::<F, 3>(wq, nb, [xs[i], xs[i + 1], xs[i + 2]])
-                }),
-                _ => store_quad(out, i, j, unsafe {
-                    dot_quad::<F, 4>(wq, nb, [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]])
-                }),
-            };
+        // SAFETY: features by contract; wq is four rows of nb blocks.
+        let sums = unsafe { dot_quad::<F, 1>(wq, nb, [x]) };
+        for (jj, [v]) in sums.into_iter().enumerate() {
+            out.set(0, q * QUAD + jj, v);
         }
     }
     let done = quads * QUAD;
@@ -134,25 +122,9 @@ pub(super) unsafe fn rows<F: Format>(
         .take(rows - done)
         .enumerate()
     {
-        let j = done + j;
-        let mut i = 0;
-        while i < xs.len() {
-            let left = xs.len() - i;
-            // SAFETY (all arms): features by contract; wr is nb blocks, each row nb blocks.
-            let n = match left {
-                1 => store(out, i, j, unsafe { dot::<F, 1>(wr, nb, [xs[i]]) }),
-                2 => store(out, i, j, unsafe {
-                    dot::<F, 2>(wr, nb, [xs[i], xs[i + 1]])
-                }),
-                3 => store(out, i, j, unsafe {
-                    dot::<F, 3>(wr, nb, [xs[i], xs[i + 1], xs[i + 2]])
-                }),
-                _ => store(out, i, j, unsafe {
-                    dot::<F, 4>(wr, nb, [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]])
-                }),
-            };
-            i += n;
-        }
+        // SAFETY: features by contract; wr is nb blocks, as is x.
+        let [v] = unsafe { dot::<F, 1>(wr, nb, [x]) };
+        out.set(0, done + j, v);
     }
 }
 
@@ -206,20 +178,6 @@ unsafe fn dot_quad<F: Format, const R: usize>(
             chain_totals(acc[3]),
         ]
     }
-}
-
-/// Writes a [`dot_quad`] result: weight rows `j..j + 4`, activation rows `i..i + R`; returns
-/// `R`.
-fn store_quad<const R: usize>(
-    out: &mut OutCols,
-    i: usize,
-    j: usize,
-    sums: [[f32; R]; QUAD],
-) -> usize {
-    for (jj, row) in sums.into_iter().enumerate() {
-        store(out, i, j + jj, row);
-    }
-    R
 }
 
 /// The last `count` (1 to 4) blocks of four weight rows as one step: block `4s + j` of the

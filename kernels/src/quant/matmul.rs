@@ -484,8 +484,7 @@ fn run<F: Format>(
     #[cfg(target_arch = "x86_64")]
     let avx512_rows = matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && !batched;
     #[cfg(target_arch = "x86_64")]
-    let rows16: Option<Vec<_>> =
-        (avx512_rows && m == 1).then(|| (0..m).map(|i| xq.row16(i)).collect());
+    let row16 = (avx512_rows && m == 1).then(|| xq.row16(0));
     #[cfg(target_arch = "x86_64")]
     let block_lanes = (avx512_rows && m > 1).then(|| xq.block_lanes());
     let out_ptr = SendPtr(out.as_mut_ptr());
@@ -510,7 +509,7 @@ fn run<F: Format>(
                     super::gemm_avx512::gemm::<F>(wr, cols, nb, p, m, &mut o);
                     return;
                 }
-                if let Some(x16) = &rows16 {
+                if let Some(x16) = row16 {
                     super::dot_avx512::rows::<F>(wr, cols, nb, x16, &mut o);
                     return;
                 }

@@ -28,6 +28,7 @@ impl ModelFile {
             path: shown.clone(),
             source,
         })?;
+        advise_huge_pages(&mmap, &path);
         let content =
             Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| ModelError::Gguf {
                 path: shown,
@@ -100,5 +101,62 @@ impl ModelFile {
             });
         }
         Ok((info, start..end))
+    }
+}
+
+/// Asks the kernel to back the mapping with huge pages (`madvise(MADV_HUGEPAGE)`; Linux, with
+/// transparent huge pages in `madvise` or `always` mode): the pages the file reads into the
+/// page cache from here on come in 2 MiB folios, each mapped by one page-table entry, where
+/// the file system supports large folios (ext4 and XFS on recent kernels). A decode step
+/// streams every weight once, so with 4 KiB pages it also walks a page-table entry per 4 KiB.
+/// Measured on Llama 3.2 1B's shape in Q4_0 (`tidal bench fixture`; 2-core Xeon, Linux 6.18,
+/// ext4; the page cache dropped before each run): 620 of 698 MB mapped in huge pages against
+/// 280 MB without, and decode up to 16 % faster (a 5 % median over five alternating rounds:
+/// with memory fragmented the kernel falls back to small folios; docs/benchmarks.md). A file
+/// already in the page cache keeps the folios it has. A hint: an error is logged.
+#[cfg(target_os = "linux")]
+fn advise_huge_pages(mmap: &Mmap, path: &Path) {
+    if mmap.is_empty() {
+        return;
+    }
+    if let Err(e) = mmap.advise(memmap2::Advice::HugePage) {
+        tracing::debug!(path = %path.display(), error = %e, "huge-page hint refused");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge_pages(_: &Mmap, _: &Path) {}
+
+#[cfg(all(test, target_os = "linux"))]
+#[path = "../../../tests/skip/mod.rs"]
+mod skip;
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use crate::model::{write_tiny_gguf, TinySpec};
+
+    /// The mapping carries the huge-page advice: `hg` among its `VmFlags` in smaps.
+    #[test]
+    fn the_mapping_asks_for_huge_pages() {
+        if !Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+            super::skip::skip("this kernel has no transparent huge pages");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mapped-for-huge-pages.gguf");
+        write_tiny_gguf(&path, &TinySpec::default()).unwrap();
+        let file = ModelFile::open(&path).unwrap();
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let name = path.display().to_string();
+        let flags: Vec<&str> = smaps
+            .split('\n')
+            .skip_while(|l| !l.ends_with(&name))
+            .find(|l| l.starts_with("VmFlags:"))
+            .expect("the model file's mapping in smaps")
+            .split_whitespace()
+            .collect();
+        assert!(flags.contains(&"hg"), "VmFlags {flags:?}");
+        drop(file);
     }
 }

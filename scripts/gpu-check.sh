@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for a machine with an NVIDIA GPU but no Rust toolchain.
 # Build the binaries elsewhere (scripts/gpu-build.sh), copy them and the default model there,
-# then: scripts/gpu-check.sh BIN_DIR MODEL.gguf OUT_DIR
+# then, from the repository's root: scripts/gpu-check.sh BIN_DIR MODEL.gguf OUT_DIR
+# The folder of MODEL.gguf is where the tests look for the models scripts/fetch-model.sh
+# names (the default model, and Gemma 3 for its GPU test), with no network needed.
 # Runs: every CUDA kernel test against its CPU oracle, the GPU forward pass against the CPU one
 # (tiny models and the real model), the kernel benchmark against the copy bandwidth, and
-# `tidal runtime --device cuda` end to end over HTTP, then `tidal bench` on the GPU.
+# `tidal runtime --device cuda` end to end over HTTP, then `tidal bench` on the GPU: the
+# default model, 8B-shaped fixtures (`tidal bench fixture`) and Gemma 3 where it is at hand.
 set -uo pipefail
 BIN="$(cd "$1" && pwd)"
 MODEL="$2"
 OUT="$3"
 mkdir -p "$OUT"
+export TIDAL_MODEL_DIR="${TIDAL_MODEL_DIR:-$(cd "$(dirname "$MODEL")" && pwd)}"
 status=0
 step() { echo "== $*"; }
 # POST JSON with curl, or with python3 where there is no curl.
@@ -62,5 +66,20 @@ tail -5 "$OUT/runtime.log"
 step "tidal bench on the GPU"
 timeout 300 "$BIN/tidal" bench decode --model "$MODEL" --device cuda 2>&1 | grep '"bench"' | tee "$OUT/bench_decode.json" || status=1
 timeout 300 "$BIN/tidal" bench concurrency --model "$MODEL" --device cuda --levels 1,16,64 2>&1 | grep '"bench"' | tee "$OUT/bench_concurrency.json" || status=1
+# Llama 3 8B's shape with seeded random weights, written here (about 4.7 and 4.9 GB): batch-1
+# decode after a 2,048-token prompt, whose prefill rate the same report gives.
+FIXTURES="${TIDAL_FIXTURE_DIR:-/tmp/tidal-fixtures}"
+mkdir -p "$FIXTURES"
+for quant in q4_0 q4_k_m; do
+    fixture="$FIXTURES/llama3-8b-$quant.gguf"
+    step "8B-shaped fixture, $quant"
+    "$BIN/tidal" bench fixture --shape llama3-8b --quant "$quant" --out "$fixture" | tee -a "$OUT/fixtures.json" || status=1
+    timeout 300 "$BIN/tidal" bench decode --model "$fixture" --device cuda --prompt-tokens 2048 --generate 128 --repeats 2 2>&1 | grep '"bench"' | tee "$OUT/bench_decode_8b_$quant.json" || status=1
+    rm -f "$fixture"
+done
+GEMMA="$TIDAL_MODEL_DIR/gemma-3-270m-q4_k_m.gguf"
+if [ -f "$GEMMA" ]; then
+    timeout 300 "$BIN/tidal" bench decode --model "$GEMMA" --device cuda 2>&1 | grep '"bench"' | tee "$OUT/bench_decode_gemma3.json" || status=1
+fi
 echo "gpu-check: exit $status"
 exit $status

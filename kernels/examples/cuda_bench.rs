@@ -123,7 +123,7 @@ fn main() {
         let k = GpuKvBuffer::new(&gpu, dtype, slots, nkv, hd).unwrap();
         let v = GpuKvBuffer::new(&gpu, dtype, slots, nkv, hd).unwrap();
         let ms = time_ms(&gpu, 20, || {
-            gpu.paged_attention(&q, &k, &v, &batch, nh, nkv, hd, bs, 0.088, &mut out)
+            gpu.paged_attention(&q, &k, &v, &batch, nh, nkv, hd, bs, 0.088, None, &mut out)
                 .unwrap()
         });
         let bytes = (k.memory_bytes() + v.memory_bytes()) as f64;

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use candle_core::quantized::GgmlDType;
 use tidal_kernels::cuda::Gpu;
-use tidal_runtime::engine::{Device, EngineConfig};
+use tidal_runtime::engine::{Device, Engine, EngineConfig};
 use tidal_runtime::model::{
     write_tiny_gguf, Architecture, CudaModel, ForwardBatch, ForwardSeq, KvDtype, KvStorage, Model,
-    ModelFile, QuantizeTo, TinySpec,
+    ModelConfig, ModelFile, QuantizeTo, TinySpec,
 };
 
 fn gpu() -> Option<Arc<Gpu>> {
@@ -191,6 +191,77 @@ fn tiny_models_match_the_cpu_forward_pass() {
         ..TinySpec::default()
     };
     compare_tiny(&gpu, &qwen, KvDtype::F32, None);
+    // gemma3: scaled embeddings, per-head Q/K norms, post-attention and post-FFN norms, GeGLU,
+    // and local layers of a 3-token window (the batches reach position 9) with their own
+    // RoPE base between global ones.
+    let gemma = TinySpec {
+        architecture: Architecture::Gemma3,
+        layers: 3,
+        sliding_window: 3,
+        sliding_window_pattern: 2,
+        ..TinySpec::default()
+    };
+    for kv in KvDtype::ALL {
+        compare_tiny(&gpu, &gemma, kv, None);
+    }
+}
+
+/// Gemma 3 270M (Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 matrices) on the GPU: the logits of a
+/// prompt follow the CPU's and the engine answers the question as the CPU one does.
+#[test]
+fn gemma3_on_the_gpu_follows_the_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let file = ModelFile::open(common::fetch_model("gemma3")).unwrap();
+    let tokenizer = Arc::new(tidal_tokenizer::Tokenizer::from_gguf(file.content()).unwrap());
+    let prompt = tokenizer.encode("Question: What is the capital of France?\nAnswer:", true);
+    let vocab = ModelConfig::from_file(&file).unwrap().vocab_size;
+    let table: Vec<u32> = vec![0, 1];
+    let batch = ForwardBatch::prompt(&prompt, &table);
+    let cpu_forward = |quantize| {
+        let model = Model::load(&file, quantize).unwrap();
+        let mut kv = KvStorage::new(model.config(), KvDtype::F32, 2, 16);
+        model.forward(&batch, &mut kv).unwrap()
+    };
+    // The CPU as it serves (8-bit activations), and with every matrix dequantised to f32:
+    // the products the GPU computes, in another order.
+    let (served, exact) = (cpu_forward(None), cpu_forward(Some(QuantizeTo::F32)));
+    let mut cuda =
+        CudaModel::new(gpu, Model::load(&file, None).unwrap(), KvDtype::F32, 2, 16).unwrap();
+    let got = cuda.forward(&batch).unwrap();
+    let argmax = |v: &[f32]| (0..vocab).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+    let (d_exact, d_served) = (rel_distance(&got, &exact), rel_distance(&got, &served));
+    eprintln!(
+        "gemma3, one prompt: relative logit distance GPU vs CPU f32 {d_exact:.5}, vs CPU as served \
+         {d_served:.5} (CPU as served vs CPU f32 {:.5})",
+        rel_distance(&served, &exact)
+    );
+    assert!(
+        d_exact < 0.02,
+        "relative distance to the f32 CPU pass {d_exact}"
+    );
+    assert_eq!(argmax(&got), argmax(&exact));
+
+    let engine = |device| {
+        let config = EngineConfig {
+            kv_cache_memory: 64 << 20,
+            device,
+            ..EngineConfig::default()
+        };
+        let model = Model::load(&file, None).unwrap();
+        Engine::start(model, tokenizer.clone(), config).unwrap()
+    };
+    let on_gpu = common::collect(
+        engine(Device::Cuda(0))
+            .submit(common::greedy(prompt.clone(), 6))
+            .unwrap(),
+    );
+    let on_cpu = common::collect(
+        engine(Device::Cpu)
+            .submit(common::greedy(prompt, 6))
+            .unwrap(),
+    );
+    eprintln!("GPU: {:?}\nCPU: {:?}", on_gpu.text, on_cpu.text);
+    assert!(on_gpu.text.contains("Paris"), "GPU: {:?}", on_gpu.text);
 }
 
 #[test]
@@ -203,14 +274,7 @@ fn real_model_on_the_gpu_says_paris_and_follows_the_cpu() {
     let cpu_model = Model::load(&file, None).unwrap();
     let vocab = cpu_model.config().vocab_size;
     let table: Vec<u32> = vec![0];
-    let batch = ForwardBatch {
-        seqs: vec![ForwardSeq {
-            tokens: &prompt,
-            start_pos: 0,
-            block_table: &table,
-            num_logits: 1,
-        }],
-    };
+    let batch = ForwardBatch::prompt(&prompt, &table);
     let mut kv = KvStorage::new(cpu_model.config(), KvDtype::F32, 1, 16);
     let want = cpu_model.forward(&batch, &mut kv).unwrap();
     let mut cuda =

@@ -160,14 +160,7 @@ fn gemma3_local_and_global_layers_paths_agree() {
 fn short_prompt_logits(model: &Model) -> Vec<f32> {
     let prompt = [2u32, 5, 9, 11];
     let table = [0u32];
-    let batch = ForwardBatch {
-        seqs: vec![ForwardSeq {
-            tokens: &prompt,
-            start_pos: 0,
-            block_table: &table,
-            num_logits: 1,
-        }],
-    };
+    let batch = ForwardBatch::prompt(&prompt, &table);
     let mut kv = KvStorage::new(model.config(), KvDtype::F32, 1, 16);
     model.forward(&batch, &mut kv).unwrap()
 }

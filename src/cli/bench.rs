@@ -105,6 +105,9 @@ pub enum BenchCommand {
     /// new `tidal runtime --model` process answering its first completion. Medians of
     /// `--rounds`, as JSON.
     Swap(super::bench_swap::SwapArgs),
+    /// Write a throughput fixture: a GGUF of a real model's shape (Llama 3 8B, Llama 3.2 1B)
+    /// with seeded random weights and a byte-level vocabulary; its output is meaningless.
+    Fixture(super::bench_fixture::FixtureArgs),
     /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
     /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
     /// memory budget holds per dtype.
@@ -310,6 +313,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Profile(args) => super::bench_profile::run(args)?,
         BenchCommand::Speculative(args) => super::bench_speculative::run(args)?,
         BenchCommand::Swap(args) => super::bench_swap::run(args)?,
+        BenchCommand::Fixture(args) => super::bench_fixture::run(args)?,
         BenchCommand::ScaleUp {
             engine,
             requests,
@@ -522,7 +526,8 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print(value: &serde_json::Value) {
+/// Prints one report as a JSON line.
+pub(super) fn print(value: &serde_json::Value) {
     println!("{value}");
 }
 

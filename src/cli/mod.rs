@@ -2,6 +2,7 @@
 //! command line, [`run`] dispatches a parsed one to its subcommand.
 
 pub mod bench;
+pub mod bench_fixture;
 pub mod bench_profile;
 pub mod bench_speculative;
 pub mod bench_swap;

@@ -367,7 +367,7 @@ impl Chars<'_> {
 }
 
 /// GPT-2's byte-to-unicode table: every byte maps to a printable code point.
-pub(crate) fn byte_to_char_table() -> &'static [char; 256] {
+pub fn byte_to_char_table() -> &'static [char; 256] {
     static TABLE: std::sync::OnceLock<[char; 256]> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         let mut table = ['\0'; 256];

@@ -92,7 +92,9 @@ fn arch_for(major: i32, minor: i32) -> &'static str {
 /// The kernels of one module.
 pub(crate) struct Functions {
     pub rms_norm: CudaFunction,
+    pub rms_norm_in_place: CudaFunction,
     pub silu_mul: CudaFunction,
+    pub gelu_mul: CudaFunction,
     pub add_into: CudaFunction,
     pub add_bias: CudaFunction,
     pub gather_rows: CudaFunction,
@@ -153,7 +155,9 @@ impl Gpu {
         let f = |name: &str| module.load_function(name);
         let functions = Functions {
             rms_norm: f("rms_norm")?,
+            rms_norm_in_place: f("rms_norm_in_place")?,
             silu_mul: f("silu_mul")?,
+            gelu_mul: f("gelu_mul")?,
             add_into: f("add_into")?,
             add_bias: f("add_bias")?,
             gather_rows: f("gather_rows")?,

@@ -60,15 +60,27 @@ __device__ float block_sum(float v) {
 
 // ---- element-wise -------------------------------------------------------------------------
 
-// out = x / sqrt(mean(x^2) + eps) * w, one block per row of d values.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
-    const float* xr = x + (size_t)blockIdx.x * d;
-    float* orow = out + (size_t)blockIdx.x * d;
+// orow = xr / sqrt(mean(xr^2) + eps) * w over one row of d values. In place when orow == xr:
+// each thread writes only the values it alone read.
+__device__ void rms_norm_row(const float* xr, const float* w, float* orow, int d, float eps) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss);
     float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) orow[i] = xr[i] * inv * w[i];
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w, one block per row of d values.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int d, float eps) {
+    size_t at = (size_t)blockIdx.x * d;
+    rms_norm_row(x + at, w, out + at, d, eps);
+}
+
+// rms_norm in place, one block per row of d values (Gemma 3's per-head Q/K norms and its
+// post-attention and post-FFN norms).
+extern "C" __global__ void rms_norm_in_place(float* x, const float* w, int d, float eps) {
+    float* row = x + (size_t)blockIdx.x * d;
+    rms_norm_row(row, w, row, d, eps);
 }
 
 // gate = silu(gate) * up over n values.
@@ -77,6 +89,17 @@ extern "C" __global__ void silu_mul(float* gate, const float* up, int n) {
     if (i < n) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+// gate = gelu(gate) * up over n values, GELU's tanh approximation written as the CPU's
+// `gelu_mul` evaluates it: 0.5 (1 + tanh z) = 1 / (1 + e^-2z), z = sqrt(2/pi) (g + 0.044715 g^3).
+extern "C" __global__ void gelu_mul(float* gate, const float* up, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        float a = 2.0f * 0.7978846f * (g + 0.044715f * g * g * g);
+        gate[i] = g / (1.0f + expf(-a)) * up[i];
     }
 }
 
@@ -168,7 +191,8 @@ extern "C" __global__ void write_kv_int8(i8* cache, float* scales, const float* 
 // ---- paged attention ----------------------------------------------------------------------
 // q, out: [n_tokens, n_heads, head_dim]. Token t sits at position tok_pos[t] of its sequence,
 // whose block table starts at block_tables[tok_table[t]]; it attends to positions
-// 0..=tok_pos[t]. One block of ATTN_WARPS warps per (token, head): each warp runs an online
+// 0..=tok_pos[t], or with a sliding window w > 0 (Gemma 3's local layers) to the w positions
+// tok_pos[t] + 1 - w..=tok_pos[t] only, never reading the blocks behind them. One block of ATTN_WARPS warps per (token, head): each warp runs an online
 // softmax over a strided share of the positions, then the warps' partial results merge.
 
 struct KvF32 {
@@ -190,7 +214,7 @@ struct KvInt8 {
 template <typename Kv>
 __device__ void attention(const float* q, Kv k, Kv v, const int* tok_pos, const int* tok_table,
                           const int* block_tables, float* out, int n_heads, int n_kv_heads,
-                          int head_dim, int block_size, float scale) {
+                          int head_dim, int block_size, float scale, int window) {
     const int PER_LANE = MAX_HEAD_DIM / WARP;
     __shared__ float warp_m[ATTN_WARPS], warp_l[ATTN_WARPS];
     __shared__ float warp_acc[ATTN_WARPS][MAX_HEAD_DIM];
@@ -201,6 +225,7 @@ __device__ void attention(const float* q, Kv k, Kv v, const int* tok_pos, const 
     const float* qh = q + ((size_t)t * n_heads + h) * head_dim;
     const int* table = block_tables + tok_table[t];
     int ctx = tok_pos[t] + 1;
+    int first = window > 0 && ctx > window ? ctx - window : 0;
 
     float qv[PER_LANE], acc[PER_LANE];
 #pragma unroll
@@ -210,7 +235,7 @@ __device__ void attention(const float* q, Kv k, Kv v, const int* tok_pos, const 
         acc[j] = 0.0f;
     }
     float m = NEG_INF, l = 0.0f;
-    for (int p = warp; p < ctx; p += ATTN_WARPS) {
+    for (int p = first + warp; p < ctx; p += ATTN_WARPS) {
         size_t slot = (size_t)table[p / block_size] * block_size + p % block_size;
         size_t row = slot * kv_width + (size_t)kvh * head_dim;
         size_t scale_at = slot * n_kv_heads + kvh;
@@ -258,9 +283,11 @@ __device__ void attention(const float* q, Kv k, Kv v, const int* tok_pos, const 
 
 #define ATTENTION_ARGS                                                                  \
     const float *q, const int *tok_pos, const int *tok_table, const int *block_tables,  \
-        float *out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale
-#define ATTENTION_PASS \
-    tok_pos, tok_table, block_tables, out, n_heads, n_kv_heads, head_dim, block_size, scale
+        float *out, int n_heads, int n_kv_heads, int head_dim, int block_size, float scale,  \
+        int window
+#define ATTENTION_PASS                                                                    \
+    tok_pos, tok_table, block_tables, out, n_heads, n_kv_heads, head_dim, block_size, scale, \
+        window
 
 extern "C" __global__ void paged_attention_f32(const float* kc, const float* vc, ATTENTION_ARGS) {
     attention(q, KvF32{kc}, KvF32{vc}, ATTENTION_PASS);

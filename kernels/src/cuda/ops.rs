@@ -109,6 +109,15 @@ fn elementwise(n: usize) -> LaunchConfig {
     }
 }
 
+/// One block of [`THREADS`] per row.
+fn rows_config(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), CudaError> {
     if ok {
         Ok(())
@@ -153,14 +162,39 @@ impl Gpu {
             format!("rms_norm: {rows} rows of {d} do not fit x/out")
         })?;
         let d32 = to_i32(d, "rms_norm width")?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(&self.functions.rms_norm, cfg, |b| {
+        self.launch(&self.functions.rms_norm, rows_config(rows), |b| {
             b.arg(x).arg(w).arg(out).arg(&d32).arg(&eps);
         })
+    }
+
+    /// [`Gpu::rms_norm`] in place: each of the `rows` rows of `w.len()` values of `x`
+    /// (an attention head for Gemma 3's Q/K norms) is normalised and scaled by `w`.
+    pub fn rms_norm_in_place(
+        &self,
+        x: &mut CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        eps: f32,
+        rows: usize,
+    ) -> Result<(), CudaError> {
+        let d = w.len();
+        check(d > 0 && x.len() >= rows * d, || {
+            format!("rms_norm_in_place: {rows} rows of {d} do not fit x")
+        })?;
+        let d32 = to_i32(d, "rms_norm width")?;
+        self.launch(&self.functions.rms_norm_in_place, rows_config(rows), |b| {
+            b.arg(x).arg(w).arg(&d32).arg(&eps);
+        })
+    }
+
+    /// `gate[i] = gelu(gate[i]) * up[i]` (tanh approximation, as [`crate::gelu_mul`]) for the
+    /// first `n` values.
+    pub fn gelu_mul(
+        &self,
+        gate: &mut CudaSlice<f32>,
+        up: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        self.in_place_binary(&self.functions.gelu_mul, "gelu_mul", gate, up, n)
     }
 
     /// `gate[i] = silu(gate[i]) * up[i]` for the first `n` values.
@@ -239,12 +273,7 @@ impl Gpu {
         }
         let idx = self.upload(&idx)?;
         let d32 = to_i32(d, "row width")?;
-        let cfg = LaunchConfig {
-            grid_dim: (rows.len() as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        self.launch(&self.functions.gather_rows, cfg, |b| {
+        self.launch(&self.functions.gather_rows, rows_config(rows.len()), |b| {
             b.arg(x).arg(&idx).arg(out).arg(&d32);
         })
     }
@@ -338,7 +367,9 @@ impl Gpu {
     }
 
     /// Causal paged attention of the batch's query tokens `q` `[n_tokens, n_heads,
-    /// head_dim]` over K/V caches of `block_size`-token blocks (as [`crate::paged_attention`]).
+    /// head_dim]` over K/V caches of `block_size`-token blocks, with an optional sliding
+    /// window (as [`crate::paged_attention_windowed`]: the token at position `p` attends to
+    /// `p + 1 - window..=p`).
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &self,
@@ -351,6 +382,7 @@ impl Gpu {
         head_dim: usize,
         block_size: usize,
         scale: f32,
+        window: Option<usize>,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), CudaError> {
         let n = batch.n_tokens;
@@ -358,6 +390,7 @@ impl Gpu {
         let slots = (batch.max_block as usize + 1) * block_size;
         check(
             n_kv_heads > 0
+                && window != Some(0)
                 && n_heads.is_multiple_of(n_kv_heads)
                 && head_dim <= MAX_HEAD_DIM
                 && k.dtype() == v.dtype()
@@ -368,7 +401,7 @@ impl Gpu {
             || {
                 format!(
                     "paged_attention: {n} tokens × {n_heads} heads × {head_dim} over caches \
-                     of {} values, block {} of {block_size}",
+                     of {} values, block {} of {block_size}, window {window:?}",
                     k.len(),
                     batch.max_block
                 )
@@ -385,6 +418,8 @@ impl Gpu {
             to_i32(head_dim, "head dim")?,
             to_i32(block_size, "block size")?,
         );
+        // 0: no window (the kernel's convention).
+        let window32 = to_i32(window.unwrap_or(0), "window")?;
         let f = match k {
             GpuKvBuffer::F32(_) => &self.functions.attention_f32,
             GpuKvBuffer::F16(_) => &self.functions.attention_f16,
@@ -422,7 +457,8 @@ impl Gpu {
                 .arg(&dims.1)
                 .arg(&dims.2)
                 .arg(&dims.3)
-                .arg(&scale);
+                .arg(&scale)
+                .arg(&window32);
         })
     }
 

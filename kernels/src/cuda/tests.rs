@@ -63,7 +63,16 @@ fn rms_norm_matches_cpu() {
         let mut out = gpu.zeros::<f32>(rows * d).unwrap();
         gpu.rms_norm(&xd, &wd, 1e-5, rows, &mut out).unwrap();
         assert_close(&gpu.download(&out).unwrap(), &expected, 1e-5, 1e-4);
+        // In place, as Gemma 3's per-head Q/K norms run it.
+        let mut in_place = x.clone();
+        crate::rms_norm_in_place(&mut in_place, &w, 1e-5);
+        let mut xd = gpu.upload(&x).unwrap();
+        gpu.rms_norm_in_place(&mut xd, &wd, 1e-5, rows).unwrap();
+        assert_close(&gpu.download(&xd).unwrap(), &in_place, 1e-5, 1e-4);
     }
+    let mut too_short = gpu.zeros::<f32>(3).unwrap();
+    let w4 = gpu.upload(&[1.0f32; 4]).unwrap();
+    assert!(gpu.rms_norm_in_place(&mut too_short, &w4, 1e-5, 1).is_err());
 }
 
 #[test]
@@ -78,6 +87,12 @@ fn elementwise_kernels_match_cpu() {
         let mut g = gpu.upload(&gate).unwrap();
         let u = gpu.upload(&up).unwrap();
         gpu.silu_mul(&mut g, &u, n).unwrap();
+        assert_close(&gpu.download(&g).unwrap(), &expected, 1e-6, 1e-5);
+
+        let mut expected = gate.clone();
+        crate::gelu_mul(&mut expected, &up);
+        let mut g = gpu.upload(&gate).unwrap();
+        gpu.gelu_mul(&mut g, &u, n).unwrap();
         assert_close(&gpu.download(&g).unwrap(), &expected, 1e-6, 1e-5);
 
         let sum: Vec<f32> = gate.iter().zip(&up).map(|(a, b)| a + b).collect();
@@ -218,9 +233,23 @@ fn paged_attention_matches_cpu_for_every_dtype() {
     // (heads, KV heads, head dim, block size)
     for (nh, nkv, hd, bs) in [(9, 3, 64, 16), (4, 4, 40, 5), (2, 1, 128, 16), (3, 1, 2, 3)] {
         for dtype in KvDtype::ALL {
-            attention_case(&gpu, &mut r, dtype, nh, nkv, hd, bs);
+            attention_case(&gpu, &mut r, dtype, nh, nkv, hd, bs, None);
         }
     }
+    // Sliding windows (Gemma 3's local layers): shorter than a block, a block's length, and
+    // longer than some contexts, so queries see whole, partial and no blocks behind them.
+    for window in [1, 3, 16, 45] {
+        for dtype in KvDtype::ALL {
+            attention_case(&gpu, &mut r, dtype, 8, 2, 64, 16, Some(window));
+        }
+    }
+    let mut r = rng(6);
+    let q = gpu.upload(&random_vec(&mut r, 4, 1.0)).unwrap();
+    let kv = GpuKvBuffer::new(&gpu, KvDtype::F32, 4, 1, 4).unwrap();
+    let batch = AttentionBatch::new(&gpu, &[0], &[0], &[&[0]], 4).unwrap();
+    let mut out = gpu.zeros::<f32>(4).unwrap();
+    let zero_window = gpu.paged_attention(&q, &kv, &kv, &batch, 1, 1, 4, 4, 0.5, Some(0), &mut out);
+    assert!(zero_window.is_err());
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -232,6 +261,7 @@ fn attention_case(
     nkv: usize,
     hd: usize,
     bs: usize,
+    window: Option<usize>,
 ) {
     let num_blocks = 256;
     let width = nkv * hd;
@@ -274,7 +304,7 @@ fn attention_case(
     }
     let scale = 1.0 / (hd as f32).sqrt();
     let mut expected = vec![0.0; q.len()];
-    crate::paged_attention(
+    crate::paged_attention_windowed(
         &q,
         kc.view(),
         vc.view(),
@@ -284,6 +314,7 @@ fn attention_case(
         hd,
         bs,
         scale,
+        window,
         &mut expected,
     );
     let table_refs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
@@ -301,6 +332,7 @@ fn attention_case(
         hd,
         bs,
         scale,
+        window,
         &mut out,
     )
     .unwrap();

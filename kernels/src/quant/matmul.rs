@@ -61,7 +61,11 @@ const _: () = assert!(PANEL16_MIN_ROWS - 1 <= super::dot_lanes_avx512::MAX_ROWS)
 /// which takes up to four rows per pass over the weights. Measured on a 2-core AVX-512 Xeon
 /// (criterion `quant_matmul/*/q{3,4,6}_k_m{4,8}_k{1024,2048}_n640`): at four rows the two
 /// were even for Q4_K and the row kernel up to 1.5x faster for Q6_K and Q3_K; at eight rows
-/// the GEMM took 0.46-0.69x the row kernel's time.
+/// the GEMM took 0.46-0.69x the row kernel's time. An AVX-512 form of the row kernel (the
+/// same unpack, `maddubs` and VNNI `dpwssd` on 512 bits with `vpermw` spreading the group
+/// scales, or `dpwssd` on 256 bits in two chains) was no faster: Llama 3.2 1B's shape in
+/// Q4_K_M (`tidal bench fixture`, `tidal bench decode`, three alternating rounds on a 2-core
+/// AMX Xeon) decoded 20.2 and 20.5 tokens/s against this kernel's 21.5.
 pub const KPANEL16_MIN_ROWS: usize = 5;
 
 /// Smallest batch that takes the AMX GEMM (with [`DotKernel::Amx`]); smaller batches run the

@@ -1,7 +1,9 @@
 //! The forward pass on an NVIDIA GPU (feature `cuda`, `--device cuda`): the same steps as
 //! [`Model::forward`] with every tensor on the device and the kernels of
 //! `tidal_kernels::cuda`. The host prepares the batch layout and the embedding rows
-//! (a few KB per token) and reads back only the logits.
+//! (a few KB per token) and reads back only the logits. Every architecture the CPU runs runs
+//! here: Gemma 3's per-head Q/K norms, post-attention and post-FFN norms, GeGLU, sliding-window
+//! local layers with their own RoPE base, and scaled embeddings included.
 
 use std::sync::Arc;
 
@@ -11,10 +13,11 @@ use tidal_kernels::cuda::{
 use tidal_kernels::{KvDtype, RopeStyle};
 
 use super::batch::{embed, BatchLayout};
-use super::config::{Architecture, ModelConfig};
+use super::config::{FfnActivation, ModelConfig};
 use super::error::ModelError;
 use super::forward::{ForwardBatch, Model};
 use super::weight::{own_kernel_type, Weight};
+use super::weights::GemmaNorms;
 
 impl From<CudaError> for ModelError {
     fn from(e: CudaError) -> Self {
@@ -35,8 +38,29 @@ struct GpuLayer {
     w_gate: GpuMatrix,
     w_up: GpuMatrix,
     w_down: GpuMatrix,
+    /// Gemma 3's extra norms, `None` elsewhere.
+    gemma: Option<GpuGemmaNorms>,
     k_cache: GpuKvBuffer,
     v_cache: GpuKvBuffer,
+}
+
+/// [`GemmaNorms`] on the device.
+struct GpuGemmaNorms {
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    post_attention: CudaSlice<f32>,
+    post_ffn: CudaSlice<f32>,
+}
+
+impl GpuGemmaNorms {
+    fn upload(gpu: &Gpu, norms: &GemmaNorms) -> Result<Self, CudaError> {
+        Ok(Self {
+            q: gpu.upload(&norms.q)?,
+            k: gpu.upload(&norms.k)?,
+            post_attention: gpu.upload(&norms.post_attention)?,
+            post_ffn: gpu.upload(&norms.post_ffn)?,
+        })
+    }
 }
 
 /// Activations of one forward pass for up to `tokens` tokens, grown to the largest batch seen
@@ -80,6 +104,8 @@ pub struct CudaModel {
     output_norm: CudaSlice<f32>,
     lm_head: GpuMatrix,
     inv_freq: CudaSlice<f32>,
+    /// The sliding-window layers' RoPE frequencies where their base differs (Gemma 3).
+    inv_freq_local: Option<CudaSlice<f32>>,
     block_size: usize,
     num_blocks: usize,
     scratch: Option<ScratchBuffers>,
@@ -107,12 +133,6 @@ impl CudaModel {
         block_size: usize,
     ) -> Result<Self, ModelError> {
         let c = model.config().clone();
-        if c.architecture == Architecture::Gemma3 {
-            // The GPU kernels have no sliding window, GeGLU or per-head norms yet.
-            return Err(ModelError::Unsupported(
-                "gemma3 models run on --device cpu only (the CUDA backend has no sliding-window attention, GeGLU or Q/K norms yet)".into(),
-            ));
-        }
         let slots = num_blocks * block_size;
         let weights = model.weights();
         let mut layers = Vec::with_capacity(weights.layers.len());
@@ -136,6 +156,10 @@ impl CudaModel {
                 w_gate: upload_matrix(&gpu, &l.w_gate)?,
                 w_up: upload_matrix(&gpu, &l.w_up)?,
                 w_down: upload_matrix(&gpu, &l.w_down)?,
+                gemma: match &l.gemma {
+                    Some(norms) => Some(GpuGemmaNorms::upload(&gpu, norms)?),
+                    None => None,
+                },
                 k_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
                 v_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
             });
@@ -143,6 +167,10 @@ impl CudaModel {
         let output_norm = gpu.upload(&weights.output_norm)?;
         let lm_head = upload_matrix(&gpu, weights.lm_head())?;
         let inv_freq = gpu.upload(model.rope().inv_freq())?;
+        let inv_freq_local = match model.rope_local() {
+            Some(rope) => Some(gpu.upload(rope.inv_freq())?),
+            None => None,
+        };
         gpu.synchronize()?;
         let (free, total) = gpu.memory_info()?;
         tracing::info!(
@@ -165,6 +193,7 @@ impl CudaModel {
             output_norm,
             lm_head,
             inv_freq,
+            inv_freq_local,
             block_size,
             num_blocks,
             scratch: None,
@@ -196,7 +225,10 @@ impl CudaModel {
             return Ok(Vec::new());
         }
         let layout = BatchLayout::new(batch, self.block_size, self.num_blocks)?;
-        let x_host = embed(batch, &self.host.weights().token_embedding, c.vocab_size, d)?;
+        let mut x_host = embed(batch, &self.host.weights().token_embedding, c.vocab_size, d)?;
+        if let Some(scale) = c.architecture.embedding_scale(d) {
+            x_host.iter_mut().for_each(|v| *v *= scale);
+        }
         let gpu = &self.gpu;
         let b = match &mut self.scratch {
             Some(b) if b.tokens >= n => b,
@@ -220,9 +252,8 @@ impl CudaModel {
             self.block_size,
         )?;
         let neox = self.host.rope().style() == RopeStyle::Neox;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         let eps = c.rms_norm_eps;
-        for l in &mut self.layers {
+        for (index, l) in self.layers.iter_mut().enumerate() {
             gpu.rms_norm(&b.x, &l.attn_norm, eps, n, &mut b.normed)?;
             gpu.matmul(&l.wq, &b.normed, n, &mut b.q)?;
             gpu.matmul(&l.wk, &b.normed, n, &mut b.k)?;
@@ -232,10 +263,19 @@ impl CudaModel {
                     gpu.add_bias(out, bias, n)?;
                 }
             }
+            if let Some(g) = &l.gemma {
+                gpu.rms_norm_in_place(&mut b.q, &g.q, eps, n * c.num_heads)?;
+                gpu.rms_norm_in_place(&mut b.k, &g.k, eps, n * c.num_kv_heads)?;
+            }
+            let window = c.layer_window(index);
+            let inv_freq = match (window, &self.inv_freq_local) {
+                (Some(_), Some(local)) => local,
+                _ => &self.inv_freq,
+            };
             gpu.rope(
                 &mut b.q,
                 &positions,
-                &self.inv_freq,
+                inv_freq,
                 n,
                 c.num_heads,
                 c.head_dim,
@@ -244,7 +284,7 @@ impl CudaModel {
             gpu.rope(
                 &mut b.k,
                 &positions,
-                &self.inv_freq,
+                inv_freq,
                 n,
                 c.num_kv_heads,
                 c.head_dim,
@@ -275,17 +315,27 @@ impl CudaModel {
                 c.num_kv_heads,
                 c.head_dim,
                 self.block_size,
-                scale,
+                c.attention_scale,
+                window,
                 &mut b.attn,
             )?;
             gpu.matmul(&l.wo, &b.attn, n, &mut b.out)?;
+            if let Some(g) = &l.gemma {
+                gpu.rms_norm_in_place(&mut b.out, &g.post_attention, eps, n)?;
+            }
             gpu.add_into(&mut b.x, &b.out, n * d)?;
 
             gpu.rms_norm(&b.x, &l.ffn_norm, eps, n, &mut b.normed)?;
             gpu.matmul(&l.w_gate, &b.normed, n, &mut b.gate)?;
             gpu.matmul(&l.w_up, &b.normed, n, &mut b.up)?;
-            gpu.silu_mul(&mut b.gate, &b.up, n * c.ffn_size)?;
+            match c.architecture.ffn_activation() {
+                FfnActivation::Silu => gpu.silu_mul(&mut b.gate, &b.up, n * c.ffn_size)?,
+                FfnActivation::GeluTanh => gpu.gelu_mul(&mut b.gate, &b.up, n * c.ffn_size)?,
+            }
             gpu.matmul(&l.w_down, &b.gate, n, &mut b.out)?;
+            if let Some(g) = &l.gemma {
+                gpu.rms_norm_in_place(&mut b.out, &g.post_ffn, eps, n)?;
+            }
             gpu.add_into(&mut b.x, &b.out, n * d)?;
         }
         let r = layout.logit_rows.len();

@@ -33,7 +33,20 @@ pub struct ForwardBatch<'a> {
     pub seqs: Vec<ForwardSeq<'a>>,
 }
 
-impl ForwardBatch<'_> {
+impl<'a> ForwardBatch<'a> {
+    /// One whole prompt from position 0, in the KV blocks of `block_table`, asking for the
+    /// next token's logits.
+    pub fn prompt(tokens: &'a [u32], block_table: &'a [u32]) -> Self {
+        Self {
+            seqs: vec![ForwardSeq {
+                tokens,
+                start_pos: 0,
+                block_table,
+                num_logits: 1,
+            }],
+        }
+    }
+
     /// Tokens in the batch.
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
@@ -103,6 +116,12 @@ impl Model {
     #[cfg(feature = "cuda")]
     pub(crate) fn rope(&self) -> &Rope {
         &self.rope
+    }
+
+    /// The rotary embedding of the sliding-window layers where their base differs (Gemma 3).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn rope_local(&self) -> Option<&Rope> {
+        self.rope_local.as_ref()
     }
 
     /// Runs the batch, writing its K/V into `kv`, and returns logits `[r, vocab]`, the rows

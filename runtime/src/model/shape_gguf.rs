@@ -85,6 +85,22 @@ impl ShapeSpec {
         }
     }
 
+    /// Meta Llama 3.2 1B (GQA 32/8, 128,256 tokens, tied embeddings) in `mix`.
+    pub fn llama32_1b(mix: QuantMix) -> Self {
+        Self {
+            name: "Llama-3.2-1B-Instruct".into(),
+            layers: 16,
+            hidden: 2048,
+            ffn: 8192,
+            heads: 32,
+            kv_heads: 8,
+            vocab: 128_256,
+            context: 8192,
+            tied_embeddings: true,
+            mix,
+        }
+    }
+
     /// Every tensor the forward pass reads: (name, dims in GGUF order (columns first), type).
     fn tensors(&self) -> Vec<(String, Vec<u64>, GgmlDType)> {
         let (d, f) = (self.hidden as u64, self.ffn as u64);
@@ -126,39 +142,72 @@ impl ShapeSpec {
 /// Writes `spec`'s header to `path` and sizes the file to hold every tensor, without writing
 /// the data (it reads as zeros).
 pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
-    let arch = "llama";
-    let uints = [
-        ("context_length", spec.context),
-        ("embedding_length", spec.hidden),
-        ("block_count", spec.layers),
-        ("feed_forward_length", spec.ffn),
-        ("attention.head_count", spec.heads),
-        ("attention.head_count_kv", spec.kv_heads),
-        ("vocab_size", spec.vocab),
-    ];
-    let mut metadata = vec![
-        (
-            "general.architecture".to_owned(),
-            Value::String(arch.into()),
-        ),
-        ("general.name".to_owned(), Value::String(spec.name.clone())),
-    ];
-    metadata.extend(
-        uints
-            .iter()
-            .map(|(key, v)| (format!("{arch}.{key}"), Value::U32(*v as u32))),
-    );
-    let tensors: Vec<TensorEntry> = spec
-        .tensors()
-        .into_iter()
-        .map(|(name, dims, dtype)| TensorEntry { name, dims, dtype })
-        .collect();
-    let (header, offsets) = gguf_write::header(&metadata, &tensors, DEFAULT_ALIGNMENT)?;
-    let data = match (offsets.last(), tensors.last()) {
-        (Some(at), Some(t)) => (at + t.bytes()).next_multiple_of(DEFAULT_ALIGNMENT),
-        _ => 0,
-    };
+    let layout = ShapeLayout::new(spec, Vec::new())?;
     let mut file = std::fs::File::create(path)?;
-    file.write_all(&header)?;
-    file.set_len(header.len() as u64 + data)
+    file.write_all(&layout.header)?;
+    file.set_len(layout.header.len() as u64 + layout.data_bytes)
+}
+
+/// A shape file's header and where its tensors go.
+pub(super) struct ShapeLayout {
+    /// The header, padded to where the data starts.
+    pub header: Vec<u8>,
+    pub tensors: Vec<TensorEntry>,
+    /// Each tensor's offset from the start of the data.
+    pub offsets: Vec<u64>,
+    /// Length of the data section.
+    pub data_bytes: u64,
+}
+
+impl ShapeLayout {
+    /// The layout of `spec` with `extra` metadata (a tokenizer, say) after the model's own.
+    pub fn new(spec: &ShapeSpec, extra: Vec<(String, Value)>) -> std::io::Result<Self> {
+        let arch = "llama";
+        let uints = [
+            ("context_length", spec.context),
+            ("embedding_length", spec.hidden),
+            ("block_count", spec.layers),
+            ("feed_forward_length", spec.ffn),
+            ("attention.head_count", spec.heads),
+            ("attention.head_count_kv", spec.kv_heads),
+            ("vocab_size", spec.vocab),
+        ];
+        let mut metadata = vec![
+            (
+                "general.architecture".to_owned(),
+                Value::String(arch.into()),
+            ),
+            ("general.name".to_owned(), Value::String(spec.name.clone())),
+        ];
+        metadata.extend(
+            uints
+                .iter()
+                .map(|(key, v)| (format!("{arch}.{key}"), Value::U32(*v as u32))),
+        );
+        // Llama 3's, so llama.cpp loads the file too (it needs the norm epsilon).
+        metadata.extend([
+            (
+                format!("{arch}.attention.layer_norm_rms_epsilon"),
+                Value::F32(1e-5),
+            ),
+            (format!("{arch}.rope.freq_base"), Value::F32(500_000.0)),
+        ]);
+        metadata.extend(extra);
+        let tensors: Vec<TensorEntry> = spec
+            .tensors()
+            .into_iter()
+            .map(|(name, dims, dtype)| TensorEntry { name, dims, dtype })
+            .collect();
+        let (header, offsets) = gguf_write::header(&metadata, &tensors, DEFAULT_ALIGNMENT)?;
+        let data_bytes = match (offsets.last(), tensors.last()) {
+            (Some(at), Some(t)) => (at + t.bytes()).next_multiple_of(DEFAULT_ALIGNMENT),
+            _ => 0,
+        };
+        Ok(Self {
+            header,
+            tensors,
+            offsets,
+            data_bytes,
+        })
+    }
 }

@@ -66,7 +66,7 @@ tail -5 "$OUT/runtime.log"
 step "tidal bench on the GPU"
 timeout 300 "$BIN/tidal" bench decode --model "$MODEL" --device cuda 2>&1 | grep '"bench"' | tee "$OUT/bench_decode.json" || status=1
 timeout 300 "$BIN/tidal" bench concurrency --model "$MODEL" --device cuda --levels 1,16,64 2>&1 | grep '"bench"' | tee "$OUT/bench_concurrency.json" || status=1
-# Llama 3 8B's shape with seeded random weights, written here (about 4.7 and 4.9 GB): batch-1
+# Llama 3 8B's shape with seeded random weights, written here (about 4.5 and 4.9 GB): batch-1
 # decode after a 2,048-token prompt, whose prefill rate the same report gives.
 FIXTURES="${TIDAL_FIXTURE_DIR:-/tmp/tidal-fixtures}"
 mkdir -p "$FIXTURES"

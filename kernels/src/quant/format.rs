@@ -31,7 +31,11 @@ pub(crate) const CHAINS: usize = 4;
 /// ([`crate::prefetch`]): 4 KiB, 120 Q8_0 or 204 Q4_1 blocks. Batch-1 decode of SmolLM2 on a
 /// 2-core AVX-512 Xeon (21–22 GB/s, three alternating rounds, medians) ran Q4_1 at 145, 166
 /// and 185 tokens/s with 1, 2 and 4 KiB, Q8_0 at 110, 111 and 113; with 1 KiB or less the
-/// loads wait on memory (docs/benchmarks.md).
+/// loads wait on memory (docs/benchmarks.md). A model that streams from memory wants less:
+/// Llama 3.2 1B's shape (`tidal bench fixture`) on a 2-core AMX Xeon, three alternating
+/// rounds, decoded Q4_0 at 31.8 tokens/s with 2 KiB against 26.3 with 4 KiB (llama.cpp 30.1),
+/// and Q4_K_M at 27.0 against 21.6, while SmolLM2 Q4_1 ran 233 against 268 on the same
+/// machine. So the best distance depends on the model; one constant serves the small one.
 pub(crate) const WEIGHTS_AHEAD: usize = 4096;
 
 /// A weight block type our kernels run: the four 32-weight formats of this module (a

@@ -27,12 +27,7 @@ fn random_blocks(r: &mut StdRng, ty: QuantType, n_blocks: usize) -> Vec<u8> {
         let start = w.len();
         w.extend((0..ty.block_bytes()).map(|_| r.random::<u8>()));
         // Where the format keeps its f16 scale (the rest stays random bits).
-        let d_at = match ty {
-            QuantType::Q6_K => 208,
-            QuantType::Q3_K => 108,
-            QuantType::Q2_K => 80,
-            _ => 0,
-        };
+        let (d_at, _) = ty.f16_fields();
         w[start + d_at..start + d_at + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
         if ty == QuantType::Q4_1 {
             w[start + 2..start + 4].copy_from_slice(&half::f16::from_f32(-8.0 * d).to_le_bytes());

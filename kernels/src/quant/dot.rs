@@ -182,14 +182,7 @@ pub(crate) mod tests {
                     w.extend((0..ty.block_bytes()).map(|_| r.random::<u8>()));
                     let b = &mut w[start..];
                     let dmin: f32 = d * r.random_range(0.0..1.0);
-                    let (d_at, dmin_at) = match ty {
-                        QuantType::Q5_0 => (0, None),
-                        QuantType::Q4_K | QuantType::Q5_K => (0, Some(2)),
-                        QuantType::Q6_K => (208, None),
-                        QuantType::Q3_K => (108, None),
-                        QuantType::Q2_K => (80, Some(82)),
-                        QuantType::Q4_0 | QuantType::Q4_1 | QuantType::Q8_0 => unreachable!(),
-                    };
+                    let (d_at, dmin_at) = ty.f16_fields();
                     // The K-quants' scales multiply d by up to 63 (127 for Q6_K).
                     let d = if ty.is_k_quant() { d / 16.0 } else { d };
                     b[d_at..d_at + 2].copy_from_slice(&f16(d));

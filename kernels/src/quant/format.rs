@@ -119,6 +119,18 @@ impl QuantType {
         }
     }
 
+    /// Byte offsets in a block of its f16 scale `d` and, where the format has one, of its
+    /// second f16 field (Q4_1's minimum `m`; Q4_K's, Q5_K's and Q2_K's `dmin`).
+    pub fn f16_fields(self) -> (usize, Option<usize>) {
+        match self {
+            QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => (0, None),
+            QuantType::Q4_1 | QuantType::Q4_K | QuantType::Q5_K => (0, Some(2)),
+            QuantType::Q6_K => (208, None),
+            QuantType::Q3_K => (108, None),
+            QuantType::Q2_K => (80, Some(82)),
+        }
+    }
+
     /// Bytes of a row of `k` weights.
     ///
     /// # Panics
@@ -473,6 +485,42 @@ mod tests {
         for ty in QuantType::ALL {
             assert_eq!(ty.is_k_quant(), QuantType::K_QUANTS.contains(&ty));
             assert_eq!(!ty.is_k_quant(), QuantType::BLOCK32.contains(&ty));
+        }
+    }
+
+    /// Doubling the f16 at each offset `f16_fields` names doubles every dequantised weight
+    /// (with the other field zero): those are the scales the dequantiser reads.
+    #[test]
+    fn f16_fields_are_the_scales_the_dequantiser_reads() {
+        use rand::Rng;
+        let mut r = crate::test_util::rng(9);
+        let put = |b: &mut [u8], at: usize, v: f32| {
+            b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+        };
+        for ty in QuantType::ALL {
+            let mut block: Vec<u8> = (0..ty.block_bytes()).map(|_| r.random()).collect();
+            let (d_at, second_at) = ty.f16_fields();
+            let dequantize = |b: &[u8]| {
+                let mut w = vec![0.0f32; ty.block_elems()];
+                ty.dequantize(b, &mut w);
+                w
+            };
+            let mut fields = vec![(d_at, second_at)];
+            if let Some(at) = second_at {
+                fields.push((at, Some(d_at)));
+            }
+            for (at, other) in fields {
+                if let Some(other) = other {
+                    put(&mut block, other, 0.0);
+                }
+                put(&mut block, at, 1.0);
+                let once = dequantize(&block);
+                put(&mut block, at, 2.0);
+                let twice = dequantize(&block);
+                assert!(once.iter().any(|&v| v != 0.0), "{ty:?} at {at}: all zero");
+                let doubled: Vec<f32> = once.iter().map(|v| 2.0 * v).collect();
+                assert_eq!(twice, doubled, "{ty:?}: the f16 at {at}");
+            }
         }
     }
 

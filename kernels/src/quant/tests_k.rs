@@ -126,15 +126,10 @@ fn extreme_blocks_do_not_saturate() {
     for ty in QuantType::K_QUANTS {
         let mut w = vec![0xFFu8; ty.block_bytes()];
         let one = half::f16::from_f32(1.0).to_le_bytes();
-        let d_at = match ty {
-            QuantType::Q6_K => 208,
-            QuantType::Q3_K => 108,
-            QuantType::Q2_K => 80,
-            _ => 0,
-        };
+        let (d_at, dmin_at) = ty.f16_fields();
         w[d_at..d_at + 2].copy_from_slice(&one);
-        if matches!(ty, QuantType::Q4_K | QuantType::Q5_K | QuantType::Q2_K) {
-            w[d_at + 2..d_at + 4].copy_from_slice(&one);
+        if let Some(at) = dmin_at {
+            w[at..at + 2].copy_from_slice(&one);
         }
         if ty == QuantType::Q6_K {
             // The most negative scale (-128): the largest product magnitude.

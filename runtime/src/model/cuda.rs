@@ -156,10 +156,11 @@ impl CudaModel {
                 w_gate: upload_matrix(&gpu, &l.w_gate)?,
                 w_up: upload_matrix(&gpu, &l.w_up)?,
                 w_down: upload_matrix(&gpu, &l.w_down)?,
-                gemma: match &l.gemma {
-                    Some(norms) => Some(GpuGemmaNorms::upload(&gpu, norms)?),
-                    None => None,
-                },
+                gemma: l
+                    .gemma
+                    .as_ref()
+                    .map(|norms| GpuGemmaNorms::upload(&gpu, norms))
+                    .transpose()?,
                 k_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
                 v_cache: GpuKvBuffer::new(&gpu, kv_dtype, slots, c.num_kv_heads, c.head_dim)?,
             });
@@ -167,10 +168,10 @@ impl CudaModel {
         let output_norm = gpu.upload(&weights.output_norm)?;
         let lm_head = upload_matrix(&gpu, weights.lm_head())?;
         let inv_freq = gpu.upload(model.rope().inv_freq())?;
-        let inv_freq_local = match model.rope_local() {
-            Some(rope) => Some(gpu.upload(rope.inv_freq())?),
-            None => None,
-        };
+        let inv_freq_local = model
+            .rope_local()
+            .map(|rope| gpu.upload(rope.inv_freq()))
+            .transpose()?;
         gpu.synchronize()?;
         let (free, total) = gpu.memory_info()?;
         tracing::info!(

@@ -27,7 +27,7 @@ pub enum QuantMix {
 impl QuantMix {
     /// The type of tensor `name` in a model of `layers` layers.
     pub fn type_of(self, name: &str, layers: usize) -> GgmlDType {
-        if name.ends_with("_norm.weight") {
+        if is_norm(name) {
             return GgmlDType::F32;
         }
         match self {
@@ -49,6 +49,11 @@ impl QuantMix {
             }
         }
     }
+}
+
+/// Whether tensor `name` is a norm's weight vector (always f32).
+pub(super) fn is_norm(name: &str) -> bool {
+    name.ends_with("_norm.weight")
 }
 
 /// The shape of a llama-architecture model.
@@ -145,18 +150,14 @@ pub fn write_shape_gguf(path: &Path, spec: &ShapeSpec) -> std::io::Result<()> {
     let layout = ShapeLayout::new(spec, Vec::new())?;
     let mut file = std::fs::File::create(path)?;
     file.write_all(&layout.header)?;
-    file.set_len(layout.header.len() as u64 + layout.data_bytes)
+    file.set_len(layout.header.len() as u64 + layout.data_bytes())
 }
 
-/// A shape file's header and where its tensors go.
+/// A shape file's header and its tensors, in the order their data follows it.
 pub(super) struct ShapeLayout {
     /// The header, padded to where the data starts.
     pub header: Vec<u8>,
     pub tensors: Vec<TensorEntry>,
-    /// Each tensor's offset from the start of the data.
-    pub offsets: Vec<u64>,
-    /// Length of the data section.
-    pub data_bytes: u64,
 }
 
 impl ShapeLayout {
@@ -198,16 +199,15 @@ impl ShapeLayout {
             .into_iter()
             .map(|(name, dims, dtype)| TensorEntry { name, dims, dtype })
             .collect();
-        let (header, offsets) = gguf_write::header(&metadata, &tensors, DEFAULT_ALIGNMENT)?;
-        let data_bytes = match (offsets.last(), tensors.last()) {
-            (Some(at), Some(t)) => (at + t.bytes()).next_multiple_of(DEFAULT_ALIGNMENT),
-            _ => 0,
-        };
-        Ok(Self {
-            header,
-            tensors,
-            offsets,
-            data_bytes,
-        })
+        let (header, _) = gguf_write::header(&metadata, &tensors, DEFAULT_ALIGNMENT)?;
+        Ok(Self { header, tensors })
+    }
+
+    /// Length of the data section: every tensor padded to the alignment.
+    pub fn data_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|t| t.bytes().next_multiple_of(DEFAULT_ALIGNMENT))
+            .sum()
     }
 }

@@ -18,17 +18,23 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 use rayon::prelude::*;
 
+use tidal_kernels::QuantType;
+
 use super::gguf_write::{pad, DEFAULT_ALIGNMENT};
-use super::shape_gguf::{ShapeLayout, ShapeSpec};
+use super::own_kernel_type;
+use super::shape_gguf::{is_norm, ShapeLayout, ShapeSpec};
 
 /// Bytes generated from one random stream: chunks are independent, so the file is the same
 /// whatever the number of threads.
 const CHUNK_BYTES: usize = 1 << 20;
 
+/// Tokens [`byte_level_vocabulary`] always holds: the 256 bytes, `<s>`, `</s>` and a merge.
+const FIXED_TOKENS: usize = 259;
+
 /// Writes `spec` to `path` with random weights from `seed` and a byte-level vocabulary
 /// (GPT-2's 256 byte pieces, `<s>` and `</s>`, then unused pieces up to the vocabulary size).
 pub fn write_random_shape_gguf(path: &Path, spec: &ShapeSpec, seed: u64) -> io::Result<()> {
-    if spec.vocab < 259 {
+    if spec.vocab < FIXED_TOKENS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -41,37 +47,25 @@ pub fn write_random_shape_gguf(path: &Path, spec: &ShapeSpec, seed: u64) -> io::
     let mut out = BufWriter::with_capacity(CHUNK_BYTES, std::fs::File::create(path)?);
     out.write_all(&layout.header)?;
     let mut written = 0u64;
-    for (index, (t, &offset)) in layout.tensors.iter().zip(&layout.offsets).enumerate() {
-        // The previous tensor's padding up to this one's aligned offset.
-        out.write_all(&vec![0u8; (offset - written) as usize])?;
+    for (index, t) in layout.tensors.iter().enumerate() {
+        // Each tensor starts aligned, after the previous one's padding.
+        pad(&mut out, written, DEFAULT_ALIGNMENT)?;
+        let encoding = Encoding::of(t.dtype)?;
+        let is_norm = is_norm(&t.name);
         let cols = t.dims.first().copied().unwrap_or(1) as usize;
+        let unit = encoding.unit_bytes();
         let mut data = vec![0u8; t.bytes() as usize];
-        let is_norm = t.name.ends_with("_norm.weight");
-        let unit = unit_bytes(t.dtype).ok_or_else(|| unsupported(t.dtype))?;
         data.par_chunks_mut((CHUNK_BYTES / unit).max(1) * unit)
             .enumerate()
             .try_for_each(|(chunk, bytes)| {
                 let mut rng = StdRng::seed_from_u64(stream_seed(seed, index, chunk));
-                if is_norm {
-                    fill_ones(t.dtype, bytes)
-                } else {
-                    fill_random(t.dtype, cols, bytes, &mut rng)
-                }
+                encoding.fill(is_norm, cols, bytes, &mut rng)
             })?;
         out.write_all(&data)?;
-        written = offset + t.bytes();
+        written = written.next_multiple_of(DEFAULT_ALIGNMENT) + t.bytes();
     }
     pad(&mut out, written, DEFAULT_ALIGNMENT)?;
     out.flush()
-}
-
-/// Bytes of a block (or of one value for the float types): a random stream covers whole ones.
-fn unit_bytes(dtype: GgmlDType) -> Option<usize> {
-    match dtype {
-        GgmlDType::F32 => Some(4),
-        GgmlDType::F16 | GgmlDType::BF16 => Some(2),
-        other => scale_fields(other, 1.0).map(|(block, _)| block),
-    }
 }
 
 /// An independent stream per (seed, tensor, chunk): each number is mixed into the hash of
@@ -100,7 +94,8 @@ fn byte_level_vocabulary(vocab: usize) -> Vec<(String, Value)> {
     tokens.push(Value::String("</s>".into()));
     let nul = table[0];
     tokens.push(Value::String(format!("{nul}{nul}")));
-    tokens.extend((259..vocab).map(|i| Value::String(format!("<unused_{i}>"))));
+    debug_assert_eq!(tokens.len(), FIXED_TOKENS);
+    tokens.extend((FIXED_TOKENS..vocab).map(|i| Value::String(format!("<unused_{i}>"))));
     let merges = vec![Value::String(format!("{nul} {nul}"))];
     vec![
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
@@ -112,102 +107,110 @@ fn byte_level_vocabulary(vocab: usize) -> Vec<(String, Value)> {
     ]
 }
 
-/// A norm's weights: all ones.
-fn fill_ones(dtype: GgmlDType, bytes: &mut [u8]) -> io::Result<()> {
-    match dtype {
-        GgmlDType::F32 => fill_floats(bytes, 1.0f32.to_le_bytes()),
-        GgmlDType::F16 => fill_floats(bytes, f16::ONE.to_le_bytes()),
-        GgmlDType::BF16 => fill_floats(bytes, bf16::ONE.to_le_bytes()),
-        other => return Err(unsupported(other)),
+/// How a tensor type stores its values.
+#[derive(Clone, Copy)]
+enum Encoding {
+    /// One float per value: f32, f16 or bf16.
+    Float(GgmlDType),
+    /// Blocks of a type the kernels read.
+    Blocks(QuantType),
+}
+
+impl Encoding {
+    fn of(dtype: GgmlDType) -> io::Result<Self> {
+        match dtype {
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Self::Float(dtype)),
+            other => own_kernel_type(other).map(Self::Blocks).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("no random weights for tensors of type {other:?}"),
+                )
+            }),
+        }
     }
-    Ok(())
-}
 
-fn fill_floats<const N: usize>(bytes: &mut [u8], value: [u8; N]) {
-    for v in bytes.chunks_exact_mut(N) {
-        v.copy_from_slice(&value);
+    /// Bytes of a value or block: a random stream covers whole ones.
+    fn unit_bytes(self) -> usize {
+        match self {
+            Self::Float(dtype) => dtype.type_size(),
+            Self::Blocks(ty) => ty.block_bytes(),
+        }
     }
-}
 
-fn unsupported(dtype: GgmlDType) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!("no random weights for tensors of type {dtype:?}"),
-    )
-}
-
-/// Random weights of `dtype` in rows of `cols`, about `1/√cols` in magnitude, over `bytes`
-/// of whole blocks ([`unit_bytes`]).
-fn fill_random(
-    dtype: GgmlDType,
-    cols: usize,
-    bytes: &mut [u8],
-    rng: &mut StdRng,
-) -> io::Result<()> {
-    let magnitude = 1.0 / (cols.max(1) as f32).sqrt();
-    match dtype {
-        GgmlDType::F32 => {
-            for v in bytes.chunks_exact_mut(4) {
-                v.copy_from_slice(&rng.random_range(-magnitude..magnitude).to_le_bytes());
+    /// Fills `bytes` (whole units) with a norm's ones, or with random weights of rows of
+    /// `cols`, about `1/√cols` in magnitude.
+    fn fill(
+        self,
+        is_norm: bool,
+        cols: usize,
+        bytes: &mut [u8],
+        rng: &mut StdRng,
+    ) -> io::Result<()> {
+        let magnitude = 1.0 / (cols.max(1) as f32).sqrt();
+        match self {
+            Self::Float(dtype) => {
+                for v in bytes.chunks_exact_mut(dtype.type_size()) {
+                    let x = if is_norm {
+                        1.0
+                    } else {
+                        rng.random_range(-magnitude..magnitude)
+                    };
+                    match dtype {
+                        GgmlDType::F32 => v.copy_from_slice(&x.to_le_bytes()),
+                        GgmlDType::F16 => v.copy_from_slice(&f16::from_f32(x).to_le_bytes()),
+                        _ => v.copy_from_slice(&bf16::from_f32(x).to_le_bytes()),
+                    }
+                }
             }
-        }
-        GgmlDType::F16 => {
-            for v in bytes.chunks_exact_mut(2) {
-                let x = f16::from_f32(rng.random_range(-magnitude..magnitude));
-                v.copy_from_slice(&x.to_le_bytes());
+            Self::Blocks(ty) if is_norm => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("a norm of {ty:?} blocks: norms are float vectors"),
+                ))
             }
-        }
-        GgmlDType::BF16 => {
-            for v in bytes.chunks_exact_mut(2) {
-                let x = bf16::from_f32(rng.random_range(-magnitude..magnitude));
-                v.copy_from_slice(&x.to_le_bytes());
-            }
-        }
-        _ => {
-            let (block, fields) =
-                scale_fields(dtype, magnitude).ok_or_else(|| unsupported(dtype))?;
-            rng.fill_bytes(bytes);
-            for b in bytes.chunks_exact_mut(block) {
-                for &(at, value) in &fields {
-                    b[at..at + 2].copy_from_slice(&f16::from_f32(value).to_le_bytes());
+            Self::Blocks(ty) => {
+                rng.fill_bytes(bytes);
+                let (d, second) = scales(ty, magnitude);
+                let (d_at, second_at) = ty.f16_fields();
+                for b in bytes.chunks_exact_mut(ty.block_bytes()) {
+                    b[d_at..d_at + 2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+                    if let Some(at) = second_at {
+                        b[at..at + 2].copy_from_slice(&f16::from_f32(second).to_le_bytes());
+                    }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
 }
 
-/// A block type's size and its f16 scale fields (byte offset, value) for weights of about
-/// `magnitude`: each scale is `magnitude` over the spread of what it multiplies when the other
-/// bytes are uniformly random (e.g. Q4_0's `q - 8` has a standard deviation of 4.6), and a
-/// minimum's scale centres the weights on zero.
-fn scale_fields(dtype: GgmlDType, magnitude: f32) -> Option<(usize, Vec<(usize, f32)>)> {
+/// A block type's f16 scale `d` and second field ([`QuantType::f16_fields`]) for weights of
+/// about `magnitude`: `d` is `magnitude` over the spread of what it multiplies when the other
+/// bytes are uniformly random (e.g. Q4_0's `q - 8` has a standard deviation of 4.6), and the
+/// minimum (Q4_1) or `dmin` (K-quants) centres the weights on zero.
+fn scales(ty: QuantType, magnitude: f32) -> (f32, f32) {
     let m = magnitude;
-    Some(match dtype {
-        GgmlDType::Q4_0 => (18, vec![(0, m / 4.6)]),
-        GgmlDType::Q4_1 => (20, vec![(0, m / 4.6), (2, -7.5 * m / 4.6)]),
-        GgmlDType::Q5_0 => (22, vec![(0, m / 9.2)]),
-        GgmlDType::Q5_1 => (24, vec![(0, m / 9.2), (2, -15.5 * m / 9.2)]),
-        GgmlDType::Q8_0 => (34, vec![(0, m / 74.0)]),
+    match ty {
+        QuantType::Q4_0 => (m / 4.6, 0.0),
+        QuantType::Q4_1 => (m / 4.6, -7.5 * m / 4.6),
+        QuantType::Q5_0 => (m / 9.2, 0.0),
+        QuantType::Q8_0 => (m / 74.0, 0.0),
         // d · sc · q − dmin · mn with 4-bit sc, mn and 2-bit q.
-        GgmlDType::Q2K => (84, vec![(80, m / 11.3), (82, 1.5 * m / 11.3)]),
+        QuantType::Q2_K => (m / 11.3, 1.5 * m / 11.3),
         // d · (sc − 32) · q with q in −4..=3.
-        GgmlDType::Q3K => (110, vec![(108, m / 42.5)]),
+        QuantType::Q3_K => (m / 42.5, 0.0),
         // d · sc · q − dmin · mn with 6-bit sc, mn and 4-bit (Q4_K) or 5-bit (Q5_K) q.
-        GgmlDType::Q4K => (144, vec![(0, m / 202.0), (2, 7.5 * m / 202.0)]),
-        GgmlDType::Q5K => (176, vec![(0, m / 427.0), (2, 15.5 * m / 427.0)]),
+        QuantType::Q4_K => (m / 202.0, 7.5 * m / 202.0),
+        QuantType::Q5_K => (m / 427.0, 15.5 * m / 427.0),
         // d · sc · (q − 32) with i8 sc and 6-bit q.
-        GgmlDType::Q6K => (210, vec![(208, m / 1367.0)]),
-        _ => return None,
-    })
+        QuantType::Q6_K => (m / 1367.0, 0.0),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{
-        own_kernel_type, ForwardBatch, KvDtype, KvStorage, Model, ModelFile, QuantMix,
-    };
+    use crate::model::{ForwardBatch, KvDtype, KvStorage, Model, ModelFile, QuantMix};
     use tidal_tokenizer::Tokenizer;
 
     #[test]
@@ -229,7 +232,8 @@ mod tests {
             let rows = 64;
             let mut bytes = vec![0u8; rows * ty.row_bytes(cols)];
             let mut rng = StdRng::seed_from_u64(3);
-            fill_random(dtype, cols, &mut bytes, &mut rng).unwrap();
+            let encoding = Encoding::of(dtype).unwrap();
+            encoding.fill(false, cols, &mut bytes, &mut rng).unwrap();
             let mut w = vec![f32::NAN; rows * cols];
             ty.dequantize(&bytes, &mut w);
             assert!(w.iter().all(|v| v.is_finite()), "{dtype:?}");
@@ -243,7 +247,7 @@ mod tests {
             );
             assert!(mean.abs() < 0.25 * want, "{dtype:?}: mean {mean}");
         }
-        assert!(scale_fields(GgmlDType::Q8K, 1.0).is_none());
+        assert!(Encoding::of(GgmlDType::Q8K).is_err());
     }
 
     fn small(mix: QuantMix) -> ShapeSpec {

@@ -360,6 +360,8 @@ impl Pool {
             (None, Some(e)) => e,
             (None, None) => return self.load_weights(model, l),
         };
+        // What a waiter sees in the snapshot once it has its answer: the load is gone.
+        self.publish();
         for w in l.waiters {
             let _ = w.send(Err(refused.clone()));
         }
@@ -516,6 +518,8 @@ impl Pool {
                 unload_waiters,
             }),
         );
+        // What a waiter sees in the snapshot once it has its answer: the model is serving.
+        self.publish();
         for w in waiters {
             let _ = w.send(Ok(seconds));
         }

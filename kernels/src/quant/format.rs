@@ -35,7 +35,9 @@ pub(crate) const CHAINS: usize = 4;
 /// Llama 3.2 1B's shape (`tidal bench fixture`) on a 2-core AMX Xeon, three alternating
 /// rounds, decoded Q4_0 at 31.8 tokens/s with 2 KiB against 26.3 with 4 KiB (llama.cpp 30.1),
 /// and Q4_K_M at 27.0 against 21.6, while SmolLM2 Q4_1 ran 233 against 268 on the same
-/// machine. So the best distance depends on the model; one constant serves the small one.
+/// machine. So the best distance depends on the model and the machine: on a 2-core Zen 5 EPYC
+/// with 66 GB/s, the 1B shape's Q4_0 ran 63–67 tokens/s at 4 KiB, 60 at 2 KiB and 63–71 at
+/// 8 KiB (1.15× llama.cpp at 4 KiB), so 4 KiB stays until a per-machine choice is measured.
 pub(crate) const WEIGHTS_AHEAD: usize = 4096;
 
 /// A weight block type our kernels run: the four 32-weight formats of this module (a

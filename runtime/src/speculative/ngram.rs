@@ -22,6 +22,11 @@ impl NgramProposer {
         }
     }
 
+    /// The shortest suffix this proposer matches.
+    pub fn min_n(&self) -> usize {
+        self.min_n
+    }
+
     /// Up to `k` tokens that may follow `tokens` (prompt and output so far), or none.
     pub fn propose(&self, tokens: &[u32], k: usize) -> Vec<u32> {
         self.lookup(tokens, k)

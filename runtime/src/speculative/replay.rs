@@ -9,9 +9,13 @@
 //! Tokens over cost is then the speedup over one token per step, with every other cost of
 //! the engine (scheduling, sampling, the proposer itself) left out.
 //!
-//! [`replay_oracle`] bounds any lookup proposer: a step may propose any run of the answer's
-//! next tokens found anywhere earlier in the sequence, and the lengths are chosen for the
-//! least total time over the whole answer.
+//! [`replay_oracle`] bounds proposers that know the answer: a step may propose any run of the
+//! answer's next tokens found earlier in the sequence, and the lengths are chosen for the
+//! least total time over the whole answer. With [`RunAnchor::Anywhere`] the run may start
+//! anywhere, which bounds every proposer that copies earlier text; with
+//! [`RunAnchor::AfterSuffix`] it must continue an occurrence of the sequence's last tokens,
+//! as every prompt lookup's proposal does, so it bounds every lookup policy, whichever
+//! occurrence and length it picks.
 
 use super::adaptive::{lookup_proposal, Acceptance};
 use super::ngram::NgramProposer;
@@ -117,10 +121,35 @@ pub fn replay_lookup(
     totals
 }
 
-/// Replays `answer` with an oracle for a proposer, the fewest steps any lookup proposer
-/// could take: a step at position p may propose any run of the answer's next tokens (at most
-/// `limit`, none past `max_tokens`, the answer's last token left to the target) that occurs
-/// anywhere in the sequence before p, and the lengths are chosen over the whole answer at
+/// Where an oracle's proposed run may be found in the sequence before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAnchor {
+    /// Anywhere.
+    Anywhere,
+    /// Right after an earlier occurrence of the sequence's last `n` tokens (`n` ≥ 1), as a
+    /// prompt lookup with suffixes of at least `n` tokens proposes.
+    AfterSuffix(usize),
+}
+
+impl RunAnchor {
+    /// Whether a run starting at `before[start]` may be proposed after `before`.
+    fn allows(self, before: &[u32], start: usize) -> bool {
+        match self {
+            Self::Anywhere => true,
+            Self::AfterSuffix(n) => {
+                let n = n.max(1);
+                start >= n
+                    && start < before.len()
+                    && before[start - n..start] == before[before.len() - n..]
+            }
+        }
+    }
+}
+
+/// Replays `answer` with an oracle for a proposer, the fewest steps a proposer drawing on
+/// `anchor`'s runs could take: a step at position p may propose any such run of the answer's
+/// next tokens (at most `limit`, none past `max_tokens`, the answer's last token left to the
+/// target) in the sequence before p, and the lengths are chosen over the whole answer at
 /// once (a shortest path, so no proposer with the same runs to draw on takes less time).
 pub fn replay_oracle(
     prompt: &[u32],
@@ -128,6 +157,7 @@ pub fn replay_oracle(
     limit: usize,
     max_tokens: usize,
     cost: &StepCost,
+    anchor: RunAnchor,
 ) -> ReplayTotals {
     let len = answer.len();
     let mut totals = ReplayTotals::of(answer);
@@ -135,13 +165,14 @@ pub fn replay_oracle(
         return totals;
     }
     let sequence: Vec<u32> = prompt.iter().chain(answer).copied().collect();
-    // found[p]: the longest run starting at answer[p] that occurs before it.
+    // found[p]: the longest allowed run starting at answer[p] that occurs before it.
     let found: Vec<usize> = (0..len)
         .map(|p| {
             let room = max_tokens.saturating_sub(p + 1).min(len - p - 1);
             let next = &answer[p..p + limit.min(room)];
             let before = &sequence[..prompt.len() + p];
             (0..before.len())
+                .filter(|&start| anchor.allows(before, start))
                 .map(|start| kept(&before[start..], next))
                 .max()
                 .unwrap_or(0)
@@ -179,11 +210,16 @@ mod tests {
         let t = replay_lookup(&p, &[1, 2, 3], &[10, 11, 12, 13], 8, 100, &flat(0.1));
         assert_eq!((t.tokens, t.verifications), (3, 0));
         assert!((t.speedup() - 1.0).abs() < 1e-12);
-        let o = replay_oracle(&[1, 2, 3], &[10, 11, 12, 13], 8, 100, &flat(0.1));
-        assert!((o.speedup() - 1.0).abs() < 1e-12);
+        for anchor in [RunAnchor::Anywhere, RunAnchor::AfterSuffix(1)] {
+            let o = replay_oracle(&[1, 2, 3], &[10, 11, 12, 13], 8, 100, &flat(0.1), anchor);
+            assert!((o.speedup() - 1.0).abs() < 1e-12);
+            assert_eq!(
+                replay_oracle(&[1], &[5], 8, 100, &flat(0.1), anchor).speedup(),
+                1.0
+            );
+        }
         // Nothing to replay.
         assert_eq!(replay_lookup(&p, &[1], &[], 8, 100, &flat(0.1)).tokens, 0);
-        assert_eq!(replay_oracle(&[1], &[5], 8, 100, &flat(0.1)).speedup(), 1.0);
     }
 
     #[test]
@@ -205,7 +241,7 @@ mod tests {
         );
         assert!(t.speedup() > 3.0, "{t:?}");
         // The oracle can only do better, and is bounded by 1 + limit tokens per step.
-        let o = replay_oracle(&prompt, &answer, 8, 100, &cost);
+        let o = replay_oracle(&prompt, &answer, 8, 100, &cost, RunAnchor::Anywhere);
         assert!(o.speedup() >= t.speedup() - 1e-9, "{o:?} vs {t:?}");
         assert!(o.speedup() <= 9.0 / cost.at(8) + 1e-9);
     }
@@ -250,15 +286,59 @@ mod tests {
             let limit = 1 + case % 6;
             let max_tokens = 5 + case % 40;
             let t = replay_lookup(&p, &prompt, &answer, limit, max_tokens, &cost);
-            let o = replay_oracle(&prompt, &answer, limit, max_tokens, &cost);
+            let o = replay_oracle(
+                &prompt,
+                &answer,
+                limit,
+                max_tokens,
+                &cost,
+                RunAnchor::Anywhere,
+            );
+            let anchored = RunAnchor::AfterSuffix(min_n);
+            let s = replay_oracle(&prompt, &answer, limit, max_tokens, &cost, anchored);
             assert_eq!(o.tokens, t.tokens);
             assert!(
-                o.steps <= t.steps + 1e-9,
-                "case {case}: oracle {o:?} lookup {t:?}"
+                o.steps <= s.steps + 1e-9 && s.steps <= t.steps + 1e-9,
+                "case {case}: oracle {o:?} suffix oracle {s:?} lookup {t:?}"
             );
             // Never worse than no speculation.
             assert!(o.steps <= o.tokens as f64 + 1e-9, "case {case}: {o:?}");
         }
+    }
+
+    #[test]
+    fn a_suffix_oracle_proposes_only_after_a_matching_suffix() {
+        // The answer resumes the prompt's "5 6 7 8" after a token (9) the prompt never had
+        // before them: a run found anywhere, but after no occurrence of the last token.
+        let prompt = [1, 5, 6, 7, 8, 2];
+        let answer = [9, 5, 6, 7, 8];
+        let cost = flat(0.0);
+        let anywhere = replay_oracle(&prompt, &answer, 8, 100, &cost, RunAnchor::Anywhere);
+        assert_eq!((anywhere.verifications, anywhere.accepted), (1, 3));
+        assert!((anywhere.steps - 1.0).abs() < 1e-12, "{anywhere:?}");
+        // After the suffix: only once the target has given 5 itself, then "6 7" and its 8.
+        let after = replay_oracle(&prompt, &answer, 8, 100, &cost, RunAnchor::AfterSuffix(1));
+        assert_eq!((after.verifications, after.accepted), (1, 2), "{after:?}");
+        assert!((after.steps - 2.0).abs() < 1e-12, "{after:?}");
+        // With the prompt holding "9 5 6 7 8", one token of suffix (9) anchors the whole run;
+        // two tokens first occur once the target has given 5 (9 5), so "5" is not proposed.
+        let prompt = [9, 5, 6, 7, 8, 2];
+        let one = replay_oracle(&prompt, &answer, 8, 100, &cost, RunAnchor::AfterSuffix(1));
+        assert_eq!(one.accepted, 3);
+        let two = replay_oracle(&prompt, &answer, 8, 100, &cost, RunAnchor::AfterSuffix(2));
+        assert_eq!(two.accepted, 2, "{two:?}");
+        // The anchor test itself: the last two tokens (3 4) occur before index 2 only.
+        let before = [3, 4, 7, 3, 4];
+        assert!(RunAnchor::AfterSuffix(2).allows(&before, 2));
+        assert!(!RunAnchor::AfterSuffix(2).allows(&before, 1));
+        assert!(
+            !RunAnchor::AfterSuffix(2).allows(&before, 5),
+            "nothing follows the end"
+        );
+        assert!(
+            !RunAnchor::AfterSuffix(9).allows(&before, 2),
+            "longer than the sequence"
+        );
     }
 
     #[test]

@@ -190,6 +190,10 @@ pub struct ReplayReport {
     /// The same for the oracle: any run of the answer's next tokens found earlier in the
     /// sequence may be proposed, the lengths chosen for the least total time.
     pub oracle_speedup: f64,
+    /// The same for the oracle held to runs that continue an earlier occurrence of the
+    /// sequence's last tokens (as many as the proposer's shortest match): the bound of every
+    /// prompt lookup policy, whichever occurrence and length it chooses.
+    pub suffix_oracle_speedup: f64,
 }
 
 /// Replays `answers` (answer i to prompt `i % prompts.len()`) through `proposer` and the
@@ -204,14 +208,17 @@ pub fn replay(
     max_tokens: usize,
     cost: &crate::speculative::StepCost,
 ) -> ReplayReport {
-    use crate::speculative::replay::{replay_lookup, replay_oracle, ReplayTotals};
-    let (mut lookup, mut oracle) = (ReplayTotals::default(), ReplayTotals::default());
+    use crate::speculative::replay::{replay_lookup, replay_oracle, ReplayTotals, RunAnchor};
+    let mut lookup = ReplayTotals::default();
+    let (mut oracle, mut suffix_oracle) = (ReplayTotals::default(), ReplayTotals::default());
     for (i, answer) in answers.iter().enumerate() {
         let prompt = &prompts[i % prompts.len().max(1)];
         lookup.add(&replay_lookup(
             proposer, prompt, answer, limit, max_tokens, cost,
         ));
-        oracle.add(&replay_oracle(prompt, answer, limit, max_tokens, cost));
+        let oracle_with = |anchor| replay_oracle(prompt, answer, limit, max_tokens, cost, anchor);
+        oracle.add(&oracle_with(RunAnchor::Anywhere));
+        suffix_oracle.add(&oracle_with(RunAnchor::AfterSuffix(proposer.min_n())));
     }
     ReplayReport {
         workload: workload.to_owned(),
@@ -221,6 +228,7 @@ pub fn replay(
         lookup_tokens_per_verification: (lookup.accepted + lookup.verifications) as f64
             / lookup.verifications.max(1) as f64,
         oracle_speedup: oracle.speedup(),
+        suffix_oracle_speedup: suffix_oracle.speedup(),
     }
 }
 

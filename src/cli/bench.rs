@@ -491,10 +491,13 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<()> {
     let model = Model::load(&file, args.quantize).context("loading the weights")?;
     let text = std::fs::read_to_string(&args.text)
         .with_context(|| format!("reading {}", args.text.display()))?;
-    let mut tokens = tokenizer.encode(&text, false);
+    // As llama.cpp's `perplexity`: the text with the model's BOS when it adds one, and every
+    // chunk started with that BOS.
+    let mut tokens = tokenizer.encode(&text, true);
     if let Some(max) = args.max_tokens {
         tokens.truncate(max);
     }
+    let chunk_start = tokenizer.bos_id().filter(|_| tokenizer.add_bos());
     for dtype in &args.kv_cache_dtype {
         let options = bench::PerplexityOptions {
             kv_cache_dtype: *dtype,
@@ -502,6 +505,7 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<()> {
             batch: args.batch,
             block_size: args.block_size,
             threads: args.threads,
+            chunk_start,
         };
         let report = bench::perplexity(&model, &tokens, &options)?;
         print(&serde_json::json!({

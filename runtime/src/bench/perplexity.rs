@@ -6,7 +6,10 @@
 //! each chunk is evaluated from an empty cache, and only the second half of each chunk is
 //! scored (every scored token sees at least `context / 2` tokens of context). A chunk runs in
 //! forward calls of `batch` tokens; every token reads all earlier positions of its chunk from
-//! the KV cache (its own K/V included), exactly as in serving.
+//! the KV cache (its own K/V included), exactly as in serving. For a model whose tokenizer
+//! adds BOS to prompts, llama.cpp tokenizes the text with its BOS and starts every chunk with
+//! BOS in place of the chunk's first token, because such a model (Gemma) predicts far worse
+//! without one: the caller encodes so, and [`PerplexityOptions::chunk_start`] does the rest.
 
 use std::time::Instant;
 
@@ -27,6 +30,9 @@ pub struct PerplexityOptions {
     pub block_size: usize,
     /// Kernel threads (`None`: one per core).
     pub threads: Option<usize>,
+    /// The token every chunk starts with in place of its own first token: the model's BOS
+    /// when its tokenizer adds one (as llama.cpp), `None` to evaluate the chunks as cut.
+    pub chunk_start: Option<u32>,
 }
 
 impl Default for PerplexityOptions {
@@ -37,6 +43,7 @@ impl Default for PerplexityOptions {
             batch: 128,
             block_size: 16,
             threads: None,
+            chunk_start: None,
         }
     }
 }
@@ -101,7 +108,13 @@ fn evaluate(
     let started = Instant::now();
     let mut nll = 0.0f64;
     let mut scored = 0usize;
-    for chunk in tokens.chunks_exact(context) {
+    let mut chunk = Vec::with_capacity(context);
+    for cut in tokens.chunks_exact(context) {
+        chunk.clear();
+        chunk.extend_from_slice(cut);
+        if let Some(first) = options.chunk_start {
+            chunk[0] = first;
+        }
         let mut start = 0;
         while start < context {
             let end = (start + options.batch).min(context);
@@ -270,6 +283,37 @@ mod tests {
                 report.perplexity
             );
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// With a chunk start, each chunk is evaluated as if its first token were that one, and
+    /// only the first token changes: the same as cutting the chunks by hand.
+    #[test]
+    fn a_chunk_start_replaces_each_chunks_first_token() {
+        let (dir, model) = tiny_model();
+        let tokens: Vec<u32> = (0..48u32).map(|i| (i * 7 + 3) % 90 + 2).collect();
+        let options = PerplexityOptions {
+            context: 16,
+            batch: 6,
+            block_size: 4,
+            ..PerplexityOptions::default()
+        };
+        let with_start = PerplexityOptions {
+            chunk_start: Some(1),
+            ..options.clone()
+        };
+        let started = perplexity(&model, &tokens, &with_start).unwrap();
+        let mut by_hand = tokens.clone();
+        for chunk in by_hand.chunks_exact_mut(16) {
+            chunk[0] = 1;
+        }
+        let want = perplexity(&model, &by_hand, &options).unwrap();
+        assert_eq!(started.mean_nll, want.mean_nll);
+        let plain = perplexity(&model, &tokens, &options).unwrap();
+        assert_ne!(
+            plain.mean_nll, started.mean_nll,
+            "the start token must matter"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -109,8 +109,8 @@ pub enum BenchCommand {
     /// with seeded random weights and a byte-level vocabulary; its output is meaningless.
     Fixture(super::bench_fixture::FixtureArgs),
     /// Perplexity on a text file with each KV cache dtype (llama.cpp's method: chunks of
-    /// `--context` tokens, second half of each scored), and the tokens and sequences a KV
-    /// memory budget holds per dtype.
+    /// `--context` tokens, each started with BOS where the model's tokenizer adds one, second
+    /// half of each scored), and the tokens and sequences a KV memory budget holds per dtype.
     Perplexity(PerplexityArgs),
     /// Ledger ingest: usage events/s batched versus one insert per event, side by side, in a
     /// scratch database it creates and drops.

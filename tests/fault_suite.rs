@@ -455,9 +455,9 @@ impl Rig {
     }
 
     /// The worker running the most of the streams by their heartbeats, once the heartbeats
-    /// show at least half of them running (at most 5 s; then the first worker). Either worker
-    /// may claim most of the streams (on a fast machine one took 19 of 20), so a worker fault
-    /// that must land mid-stream hits this one.
+    /// show at least half of them running (waiting at most 5 s, then going by the beats there
+    /// are). Either worker may claim most of the streams (on a fast machine one took 19 of
+    /// 20), so a worker fault that must land mid-stream hits this one.
     async fn busiest_worker(&self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -475,11 +475,8 @@ impl Rig {
             };
             let total: usize = self.workers.iter().map(running).sum();
             if 2 * total >= STREAMS || Instant::now() >= deadline {
-                let most = self.workers.iter().map(running).max().unwrap_or(0);
-                return self
-                    .workers
-                    .iter()
-                    .position(|w| running(w) == most)
+                return (0..self.workers.len())
+                    .max_by_key(|&i| running(&self.workers[i]))
                     .unwrap_or(0);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

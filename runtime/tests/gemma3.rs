@@ -259,6 +259,7 @@ fn gemma3_270m_reads_its_config() {
     let tok = Tokenizer::from_gguf(file.content()).unwrap();
     let ids = tok.encode("The capital of France is", true);
     assert_eq!(ids[0], 2, "Gemma prompts start with <bos>");
+    assert_eq!(tok.prompt_bos(), Some(2));
     assert_eq!(tok.decode(&ids[1..]), "The capital of France is");
 }
 

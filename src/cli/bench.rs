@@ -497,7 +497,7 @@ fn perplexity(args: PerplexityArgs) -> anyhow::Result<()> {
     if let Some(max) = args.max_tokens {
         tokens.truncate(max);
     }
-    let chunk_start = tokenizer.bos_id().filter(|_| tokenizer.add_bos());
+    let chunk_start = tokenizer.prompt_bos();
     for dtype in &args.kv_cache_dtype {
         let options = bench::PerplexityOptions {
             kv_cache_dtype: *dtype,

@@ -68,8 +68,8 @@ impl Tokenizer {
     pub fn encode_with(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let v = &self.vocab;
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if add_special && v.add_bos {
-            out.extend(v.bos);
+        if add_special {
+            out.extend(self.prompt_bos());
         }
         let frags = partition(v, text, parse_special);
         match &self.bpe {
@@ -199,6 +199,11 @@ impl Tokenizer {
     /// Whether the model wants BOS prepended to prompts (`encode(.., add_special = true)` does).
     pub fn add_bos(&self) -> bool {
         self.vocab.add_bos
+    }
+
+    /// The token this model's prompts start with: its BOS, where it wants one prepended.
+    pub fn prompt_bos(&self) -> Option<u32> {
+        self.vocab.bos.filter(|_| self.vocab.add_bos)
     }
 
     /// Whether the model wants EOS appended to prompts.

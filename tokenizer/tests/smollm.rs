@@ -32,6 +32,7 @@ fn metadata_matches_the_model() {
     assert_eq!(t.bos_id(), Some(1));
     assert_eq!(t.eos_id(), Some(2));
     assert!(!t.add_bos());
+    assert_eq!(t.prompt_bos(), None, "SmolLM2 prompts start with no BOS");
     assert_eq!(t.token_id("<|im_end|>"), Some(2));
     // <|endoftext|> and <|im_end|> both end generation (llama.cpp's EOG set).
     assert_eq!(t.eog_ids(), vec![0, 2]);

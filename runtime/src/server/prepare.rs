@@ -92,7 +92,7 @@ pub fn completion(model: &LoadedModel, req: &CompletionRequest) -> Result<Prepar
 /// templates such as Llama 3's write `{{ bos_token }}` themselves).
 pub(crate) fn encode_with_bos(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
     let mut ids = tokenizer.encode(text, false);
-    if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
+    if let Some(bos) = tokenizer.prompt_bos() {
         if ids.first() != Some(&bos) {
             ids.insert(0, bos);
         }

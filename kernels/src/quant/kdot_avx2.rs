@@ -1,5 +1,6 @@
 //! AVX2 K-quant matmul: one weight row at a time (read sequentially, so a decode step streams
-//! the weights at memory speed) against up to four activation rows, one super-block per step.
+//! the weights at memory speed) against up to four activation rows, four super-blocks per
+//! step (more rows: [`dot_tile`], one super-block at a time against the whole tile).
 //!
 //! Each super-block is unpacked once ([`KFormat::unpack_avx2`]: 256 unsigned bytes and 16
 //! scales and offsets) and multiplied against every activation row with `maddubs` (pairs of
@@ -7,9 +8,20 @@
 //! i32), as in ggml's `ggml_vec_dot_q4_K_q8_K`; the offsets meet the activations' 16-value
 //! sums in one more `madd`. Both sums are exact, and the float steps are the scalar ones of
 //! [`super::kformat`], so every batch gives the same bits as the portable reference.
+//!
+//! Up to four rows, a step leaves each super-block's two sums spread over eight lanes and
+//! reduces the four super-blocks' vectors together ([`sums4`]), so one 4-wide FMA per step
+//! does the four chains' float steps, with the chains in a register. Summing each
+//! super-block on its own (two horizontal sums, the chain picked by index on the stack) made
+//! Llama 3.2 1B's shape in Q4_K_M (`tidal bench fixture`) decode 1.10× slower on one thread
+//! and 1.06× on two (`tidal bench decode --cpu-kernel avx2`, three alternating rounds,
+//! medians; 2-core AMD EPYC of the Zen 4 generation). Spreading the same step over 512-bit
+//! vectors (`vpermw` for the scales, `vpdpwssd`) was no faster there than the AVX2 step it
+//! replaced.
 
 use std::arch::x86_64::*;
 
+use super::dot_avx2::chain_totals;
 use super::format::{CHAINS, WEIGHTS_AHEAD};
 use super::kformat::{accumulate, KFormat};
 use super::matmul::OutCols;
@@ -152,14 +164,98 @@ unsafe fn dot_tile<K: KFormat>(
     }
 }
 
-/// Weight row `wr` against `R` activation rows.
-///
-/// (No closures around intrinsics: a closure does not get the caller's target features.)
+/// Weight row `wr` against `R` activation rows, four super-blocks per step.
 #[inline(always)]
 unsafe fn dot<K: KFormat, const R: usize>(wr: &[u8], nb: usize, xs: [&[BlockQ8K]; R]) -> [f32; R] {
     debug_assert_eq!(wr.len(), nb * K::BLOCK_BYTES);
-    // SAFETY (whole function): block b exists in the weight row and every activation row;
-    // features by the caller's contract.
+    // SAFETY (whole function): the steps cover super-blocks 0..nb of the weight row and of
+    // every activation row; features by the caller's contract.
+    unsafe {
+        let mut acc = [_mm_setzero_ps(); R];
+        let whole = nb / CHAINS;
+        for g in 0..whole {
+            step::<K, R>(wr, g * CHAINS, CHAINS, &xs, &mut acc);
+        }
+        if nb > whole * CHAINS {
+            step::<K, R>(wr, whole * CHAINS, nb - whole * CHAINS, &xs, &mut acc);
+        }
+        chain_totals(acc)
+    }
+}
+
+/// Super-blocks `b0..b0 + count` (`count` ≤ 4, one per chain) of weight row `wr` against
+/// `R` activation rows, into chains `0..count` of `acc`.
+///
+/// Each super-block leaves its `isum` and `msum` spread over eight i32 lanes; the four
+/// super-blocks' vectors meet in one transposing reduction ([`sums4`]) that gives their
+/// exact sums in one vector, lane `t` = super-block `b0 + t` = chain `t`, and one 4-wide FMA
+/// (two for the `dmin` formats) performs the reference's scalar FMAs for all four.
+///
+/// (No closures around intrinsics: a closure does not get the caller's target features.)
+///
+/// # Safety
+/// As [`rows`]; super-blocks `b0..b0 + count` exist in `wr` and every row of `xs`.
+#[inline(always)]
+unsafe fn step<K: KFormat, const R: usize>(
+    wr: &[u8],
+    b0: usize,
+    count: usize,
+    xs: &[&[BlockQ8K]; R],
+    acc: &mut [__m128; R],
+) {
+    // SAFETY (whole function): super-blocks b0..b0 + count are in bounds (caller's
+    // contract); features likewise.
+    unsafe {
+        let zero = [_mm256_setzero_si256(); R];
+        let mut isum = [zero; CHAINS];
+        let mut msum = [zero; CHAINS];
+        let mut d = [0.0f32; CHAINS];
+        let mut dmin = [0.0f32; CHAINS];
+        for t in 0..count {
+            (isum[t], msum[t], d[t], dmin[t]) = superblock::<K, R>(wr, b0 + t, xs);
+        }
+        // Chains past `count` keep their value (a blend, so not even a zero's sign changes).
+        let keep = _mm_castsi128_ps(_mm_cmplt_epi32(
+            _mm_setr_epi32(0, 1, 2, 3),
+            _mm_set1_epi32(count as i32),
+        ));
+        let d = _mm_loadu_ps(d.as_ptr());
+        let dmin = _mm_loadu_ps(dmin.as_ptr());
+        for r in 0..R {
+            let mut d8 = [0.0f32; CHAINS];
+            for (t, v) in d8.iter_mut().enumerate().take(count) {
+                *v = xs[r][b0 + t].d;
+            }
+            let d8 = _mm_loadu_ps(d8.as_ptr());
+            let isum = sums4([isum[0][r], isum[1][r], isum[2][r], isum[3][r]]);
+            let msum = sums4([msum[0][r], msum[1][r], msum[2][r], msum[3][r]]);
+            let next = if K::HAS_DMIN {
+                let a = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(d, d8), acc[r]);
+                // `-(msum as f32)`, exactly (a sign flip, not `0 - x`).
+                let neg = _mm_xor_ps(_mm_cvtepi32_ps(msum), _mm_set1_ps(-0.0));
+                _mm_fmadd_ps(neg, _mm_mul_ps(dmin, d8), a)
+            } else {
+                let sum = _mm_cvtepi32_ps(_mm_sub_epi32(isum, msum));
+                _mm_fmadd_ps(sum, _mm_mul_ps(d, d8), acc[r])
+            };
+            acc[r] = _mm_blendv_ps(acc[r], next, keep);
+        }
+    }
+}
+
+/// Super-block `b` of weight row `wr` against `R` activation rows: per row, `isum` and
+/// `msum` spread over eight i32 lanes; and the block's `d` and `dmin`.
+///
+/// # Safety
+/// As [`step`]; super-block `b` exists in `wr` and every row of `xs`.
+#[inline(always)]
+unsafe fn superblock<K: KFormat, const R: usize>(
+    wr: &[u8],
+    b: usize,
+    xs: &[&[BlockQ8K]; R],
+) -> ([__m256i; R], [__m256i; R], f32, f32) {
+    // SAFETY (whole function): super-block b is in bounds (caller's contract); features
+    // likewise.
     unsafe {
         // Group 2c's scale in the low 128 bits, group 2c + 1's in the high ones, as i16 lanes
         // (the pairs `maddubs` leaves for weights 32c..32c + 16 and 32c + 16..32c + 32).
@@ -167,29 +263,58 @@ unsafe fn dot<K: KFormat, const R: usize>(wr: &[u8], nb: usize, xs: [&[BlockQ8K]
             0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
             3, 2, 3,
         );
-        let mut acc = [[0.0f32; CHAINS]; R];
-        for b in 0..nb {
-            let wb = wr.as_ptr().add(b * K::BLOCK_BYTES);
-            // The next cache lines of the weight stream (past the row's end: the next row).
-            prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), K::BLOCK_BYTES.div_ceil(64));
-            let k = K::unpack_avx2(wb);
-            let mut s = [_mm256_setzero_si256(); R];
-            for c in 0..8 {
+        let wb = wr.as_ptr().add(b * K::BLOCK_BYTES);
+        // The next cache lines of the weight stream (past the row's end: the next row).
+        prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), K::BLOCK_BYTES.div_ceil(64));
+        let k = K::unpack_avx2(wb);
+        // Where one scale covers 32 weights, each vector's scale is one broadcast.
+        let mut sc = Scales([0; 16]);
+        _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, k.sc);
+        let mut isum = [_mm256_setzero_si256(); R];
+        for c in 0..8 {
+            let scv = if K::SCALE_SPAN == 32 {
+                _mm256_set1_epi16(sc.0[2 * c])
+            } else {
                 let pair = _mm256_permutevar8x32_epi32(k.sc, _mm256_set1_epi32(c as i32));
-                let scv = _mm256_shuffle_epi8(pair, spread);
-                for r in 0..R {
-                    let xv = _mm256_loadu_si256(xs[r][b].qs.as_ptr().add(32 * c) as *const __m256i);
-                    let p = _mm256_maddubs_epi16(k.q[c], xv);
-                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, scv));
-                }
-            }
+                _mm256_shuffle_epi8(pair, spread)
+            };
             for r in 0..R {
-                let x = &xs[r][b];
-                let bs = _mm256_loadu_si256(x.bsums.as_ptr() as *const __m256i);
-                let msum = hsum(_mm256_madd_epi16(bs, k.mn));
-                accumulate::<K>(&mut acc[r][b % CHAINS], hsum(s[r]), msum, k.d, k.dmin, x.d);
+                let xv = _mm256_loadu_si256(xs[r][b].qs.as_ptr().add(32 * c) as *const __m256i);
+                let p = _mm256_maddubs_epi16(k.q[c], xv);
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scv));
             }
         }
-        acc.map(|c| (c[0] + c[1]) + (c[2] + c[3]))
+        let mut msum = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let bs = _mm256_loadu_si256(xs[r][b].bsums.as_ptr() as *const __m256i);
+            msum[r] = _mm256_madd_epi16(bs, k.mn);
+        }
+        (isum, msum, k.d, k.dmin)
+    }
+}
+
+/// A super-block's sixteen i16 scales, aligned for one store.
+#[repr(C, align(32))]
+struct Scales([i16; 16]);
+
+/// The four totals of `v[t]`'s eight i32 lanes, lane `t` = `v[t]`: a 4×4 transpose per
+/// 128-bit half by `unpack` and `add`, then the halves added.
+///
+/// # Safety
+/// AVX2 available.
+#[inline(always)]
+pub(super) unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe {
+        let a = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(v[0], v[1]),
+            _mm256_unpackhi_epi32(v[0], v[1]),
+        );
+        let b = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(v[2], v[3]),
+            _mm256_unpackhi_epi32(v[2], v[3]),
+        );
+        let s = _mm256_add_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+        _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
     }
 }

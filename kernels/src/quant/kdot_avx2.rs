@@ -257,31 +257,21 @@ unsafe fn superblock<K: KFormat, const R: usize>(
     // SAFETY (whole function): super-block b is in bounds (caller's contract); features
     // likewise.
     unsafe {
-        // Group 2c's scale in the low 128 bits, group 2c + 1's in the high ones, as i16 lanes
-        // (the pairs `maddubs` leaves for weights 32c..32c + 16 and 32c + 16..32c + 32).
-        let spread = _mm256_setr_epi8(
-            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2,
-            3, 2, 3,
-        );
         let wb = wr.as_ptr().add(b * K::BLOCK_BYTES);
         // The next cache lines of the weight stream (past the row's end: the next row).
         prefetch::lines(wb.wrapping_add(WEIGHTS_AHEAD), K::BLOCK_BYTES.div_ceil(64));
         let k = K::unpack_avx2(wb);
-        // Where one scale covers 32 weights, each vector's scale is one broadcast.
-        let mut sc = Scales([0; 16]);
-        _mm256_store_si256(sc.0.as_mut_ptr() as *mut __m256i, k.sc);
+        let scv = if K::SCALE_SPAN == 32 {
+            broadcast_scales(k.sc)
+        } else {
+            scale_vectors(k.sc)
+        };
         let mut isum = [_mm256_setzero_si256(); R];
-        for c in 0..8 {
-            let scv = if K::SCALE_SPAN == 32 {
-                _mm256_set1_epi16(sc.0[2 * c])
-            } else {
-                let pair = _mm256_permutevar8x32_epi32(k.sc, _mm256_set1_epi32(c as i32));
-                _mm256_shuffle_epi8(pair, spread)
-            };
+        for (c, sv) in scv.iter().enumerate() {
             for r in 0..R {
                 let xv = _mm256_loadu_si256(xs[r][b].qs.as_ptr().add(32 * c) as *const __m256i);
                 let p = _mm256_maddubs_epi16(k.q[c], xv);
-                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, scv));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, *sv));
             }
         }
         let mut msum = [_mm256_setzero_si256(); R];
@@ -293,9 +283,27 @@ unsafe fn superblock<K: KFormat, const R: usize>(
     }
 }
 
-/// A super-block's sixteen i16 scales, aligned for one store.
-#[repr(C, align(32))]
-struct Scales([i16; 16]);
+/// [`scale_vectors`] for the formats whose scales each cover 32 weights (`sc` holds each
+/// twice): vector `c`'s one scale, broadcast from a stored copy.
+///
+/// # Safety
+/// AVX2 available.
+#[inline(always)]
+unsafe fn broadcast_scales(sc: __m256i) -> [__m256i; 8] {
+    /// The sixteen i16 scales, aligned for one store.
+    #[repr(C, align(32))]
+    struct Scales([i16; 16]);
+    let mut stored = Scales([0; 16]);
+    // SAFETY: AVX2 by the caller's contract; `stored` is 32 aligned bytes.
+    unsafe {
+        _mm256_store_si256(stored.0.as_mut_ptr() as *mut __m256i, sc);
+        let mut v = [sc; 8];
+        for (c, vc) in v.iter_mut().enumerate() {
+            *vc = _mm256_set1_epi16(stored.0[2 * c]);
+        }
+        v
+    }
+}
 
 /// The four totals of `v[t]`'s eight i32 lanes, lane `t` = `v[t]`: a 4×4 transpose per
 /// 128-bit half by `unpack` and `add`, then the halves added.
@@ -303,7 +311,7 @@ struct Scales([i16; 16]);
 /// # Safety
 /// AVX2 available.
 #[inline(always)]
-pub(super) unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
+unsafe fn sums4(v: [__m256i; 4]) -> __m128i {
     // SAFETY: AVX2 by the caller's contract.
     unsafe {
         let a = _mm256_add_epi32(

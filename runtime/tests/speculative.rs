@@ -118,13 +118,15 @@ fn assert_no_blocks_held(engine: &Engine) {
 }
 
 /// Speculation by a draft model: the default model's own file, re-quantised or not. Drafting
-/// is taken as free, so that every sequence speculates whatever a draft pass costs here.
+/// is taken as free and a verified token priced at a fixed fraction of a step, so that every
+/// sequence speculates, and proposes several tokens, whatever this machine's steps cost.
 fn draft_config(quantize: Option<QuantizeTo>) -> EngineConfig {
     EngineConfig {
         speculative: SpeculativeConfig {
             draft_model: Some(default_model()),
             draft_quantize: quantize,
             draft_cost: Some(0.0),
+            verify_cost: Some(0.1),
             ..config(SpeculativeMethod::Draft).speculative
         },
         ..config(SpeculativeMethod::Draft)

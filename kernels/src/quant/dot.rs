@@ -18,8 +18,8 @@ pub enum DotKernel {
     /// Plain Rust, any CPU: one dot product per output.
     Portable,
     /// AVX2 + FMA + F16C (x86-64 only): one weight row at a time against up to four
-    /// activation rows for decode and small batches (`dot_avx2`; for Q4_0, Q4_1 and Q5_0 at one
-    /// activation row, eight weight rows at a time, `dot8_avx2`), the interleaved panel GEMM
+    /// activation rows for decode and small batches (`dot_avx2`; for Q4_0, Q4_1 and Q5_0, eight
+    /// weight rows at a time, `dot8_avx2`), the interleaved panel GEMM
     /// (`gemm_avx2`) for batches of [`super::matmul::PANEL_MIN_ROWS`] rows or more.
     Avx2,
     /// [`DotKernel::Avx2`] with AVX-VNNI's `vpdpbusd` (the multiply-add of four byte pairs

@@ -1,5 +1,6 @@
-//! AVX2 decode for Q4_0, Q4_1 and Q5_0: eight weight rows at a time against one activation
-//! row, each row's result in its own lane.
+//! AVX2 decode for Q4_0, Q4_1 and Q5_0: eight weight rows at a time against one to four
+//! activation rows (decode, and the verify steps of speculative decoding), each weight row's
+//! result in its own lane.
 //!
 //! The row kernel ([`super::dot_avx2`]) sums each block's eight i32 partial sums per weight
 //! row with a `hadd` tree and gathers four blocks' scales through the stack; on a core where
@@ -9,12 +10,15 @@
 //! weights are mapped, not copied) and eight rows share each block's work: one 256-bit load
 //! takes the 16 nibble bytes of a block from two rows (`t` and `t + 4`), one `and` and one
 //! shift unpack 32 weights of each, and two `maddubs` against the activation block's halves
-//! (broadcast to both 128-bit lanes) leave each row's products in its own half (Q5_0's fifth
-//! bits are spread into each pair as the row kernel spreads them). Three `hadd`s
-//! give the eight rows' exact block sums in one vector, lane `t` = row `t`, and the float
-//! steps run on eight rows at once: chain `b % 4` of lane `t` is the common arithmetic's chain
-//! for row `t` ([`super::format`]), FMA for FMA, so results are the same bits as every other
-//! kernel's.
+//! (broadcast to both 128-bit lanes; the unpacked pair serves every activation row) leave
+//! each row's products in its own half (Q5_0's fifth bits are spread into each pair as the
+//! row kernel spreads them). Three `hadd`s give the eight rows' exact block sums in one
+//! vector, lane `t` = row `t`, and the float steps run on eight rows at once: chain `b % 4`
+//! of lane `t` is the common arithmetic's chain for row `t` ([`super::format`]), FMA for FMA,
+//! so results are the same bits as every other kernel's. On that EPYC a speculative step of
+//! 1 + k tokens of SmolLM2 Q4_1 measured 1.27, 1.67 and 2.15 one-token steps for k = 1 to 3
+//! (the engine's own timing at start, one run), where the row kernel's gave 1.58, 2.13 and
+//! 2.73.
 //!
 //! Q8_0 stays on the row kernel: the same scheme for its signed bytes (one register per row,
 //! a transposing reduction of the eight) decoded SmolLM2 Q8_0 at 0.89× the row kernel's speed
@@ -39,32 +43,37 @@ pub(super) const fn reads<F: Format>() -> bool {
     )
 }
 
-/// `out[0, j] = w_j · x` for the `rows` weight rows in `w`: whole groups of eight here, the
-/// rest on the row kernel.
+/// Most activation rows one pass over the weights takes (as the row kernel).
+pub(super) const MAX_ROWS: usize = 4;
+
+/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the (up to
+/// [`MAX_ROWS`]) activation rows `xs`: whole groups of eight weight rows here, the rest on the
+/// row kernel.
 ///
 /// # Safety
 /// AVX2, FMA and F16C available (and AVX-VNNI when `vnni`); `w` is `rows` rows of `nb`
-/// blocks of `F`; `x` holds `nb` blocks (and `nb` values of `d` and `s`); `out` has one
-/// activation row.
+/// blocks of `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and `s`); `out`
+/// has `xs.len()` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn row<F: Format>(
+pub(super) unsafe fn rows<F: Format>(
     vnni: bool,
     w: &[u8],
     rows: usize,
     nb: usize,
-    x: XRow<'_>,
+    xs: &[XRow<'_>],
     out: &mut OutCols,
 ) {
     let row_bytes = nb * F::BLOCK_BYTES;
     debug_assert_eq!(w.len(), rows * row_bytes);
+    debug_assert!(xs.len() <= MAX_ROWS);
     // A format this kernel does not read goes to the row kernel whole.
     let grouped = if reads::<F>() { rows / ROWS * ROWS } else { 0 };
     // SAFETY (both calls): by the caller's contract; the groups are whole rows of `w`.
     unsafe {
         if vnni {
-            groups_vnni::<F>(w, grouped, nb, x, out);
+            groups_vnni::<F>(w, grouped, nb, xs, out);
         } else {
-            groups_body::<F, false>(w, grouped, nb, x, out);
+            groups::<F, false>(w, grouped, nb, xs, out);
         }
     }
     if grouped < rows {
@@ -73,31 +82,58 @@ pub(super) unsafe fn row<F: Format>(
         // SAFETY: by the caller's contract, for the rows after the groups.
         unsafe {
             if vnni {
-                super::dot_avx2::rows_vnni::<F>(tail, rows - grouped, nb, &[x], &mut rest);
+                super::dot_avx2::rows_vnni::<F>(tail, rows - grouped, nb, xs, &mut rest);
             } else {
-                super::dot_avx2::rows::<F>(tail, rows - grouped, nb, &[x], &mut rest);
+                super::dot_avx2::rows::<F>(tail, rows - grouped, nb, xs, &mut rest);
             }
         }
     }
 }
 
-/// [`groups_body`] with AVX-VNNI's `vpdpbusd`.
+/// [`groups`] with AVX-VNNI's `vpdpbusd`.
 ///
 /// # Safety
-/// As [`row`], with AVX-VNNI available, `rows` a multiple of eight and [`reads`] true.
+/// As [`rows`], with AVX-VNNI available, `rows` a multiple of eight and [`reads`] true.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn groups_vnni<F: Format>(w: &[u8], rows: usize, nb: usize, x: XRow<'_>, out: &mut OutCols) {
-    // SAFETY: by the caller's contract.
-    unsafe { groups_body::<F, true>(w, rows, nb, x, out) }
-}
-
-/// Every group of eight rows of `w` (`rows` is a multiple of eight).
-#[inline(always)]
-unsafe fn groups_body<F: Format, const VNNI: bool>(
+unsafe fn groups_vnni<F: Format>(
     w: &[u8],
     rows: usize,
     nb: usize,
-    x: XRow<'_>,
+    xs: &[XRow<'_>],
+    out: &mut OutCols,
+) {
+    // SAFETY: by the caller's contract.
+    unsafe { groups::<F, true>(w, rows, nb, xs, out) }
+}
+
+/// Every group of eight rows of `w` (`rows` is a multiple of eight) against `xs`.
+#[inline(always)]
+unsafe fn groups<F: Format, const VNNI: bool>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: &[XRow<'_>],
+    out: &mut OutCols,
+) {
+    // SAFETY (all arms): by the caller's contract.
+    unsafe {
+        match xs {
+            [x] => groups_of::<F, VNNI, 1>(w, rows, nb, [*x], out),
+            [x0, x1] => groups_of::<F, VNNI, 2>(w, rows, nb, [*x0, *x1], out),
+            [x0, x1, x2] => groups_of::<F, VNNI, 3>(w, rows, nb, [*x0, *x1, *x2], out),
+            [x0, x1, x2, x3] => groups_of::<F, VNNI, 4>(w, rows, nb, [*x0, *x1, *x2, *x3], out),
+            _ => {}
+        }
+    }
+}
+
+/// [`groups`] for `R` activation rows.
+#[inline(always)]
+unsafe fn groups_of<F: Format, const VNNI: bool, const R: usize>(
+    w: &[u8],
+    rows: usize,
+    nb: usize,
+    xs: [XRow<'_>; R],
     out: &mut OutCols,
 ) {
     let row_bytes = nb * F::BLOCK_BYTES;
@@ -108,23 +144,25 @@ unsafe fn groups_body<F: Format, const VNNI: bool>(
         .chunks_exact(ROWS * row_bytes)
         .enumerate()
     {
-        // SAFETY: `group` is eight rows of nb blocks; features and `x` by the caller's
+        // SAFETY: `group` is eight rows of nb blocks; features and `xs` by the caller's
         // contract.
-        let totals = unsafe { group_dot::<F, VNNI>(group.as_ptr(), row_bytes, nb, &x) };
-        for (t, v) in totals.into_iter().enumerate() {
-            out.set(0, g * ROWS + t, v);
+        let totals = unsafe { group_dot::<F, VNNI, R>(group.as_ptr(), row_bytes, nb, &xs) };
+        for (i, row) in totals.into_iter().enumerate() {
+            for (t, v) in row.into_iter().enumerate() {
+                out.set(i, g * ROWS + t, v);
+            }
         }
     }
 }
 
-/// The eight rows from `base` (`row_bytes` apart) against `x`.
+/// The eight rows from `base` (`row_bytes` apart) against each of `xs`.
 #[inline(always)]
-unsafe fn group_dot<F: Format, const VNNI: bool>(
+unsafe fn group_dot<F: Format, const VNNI: bool, const R: usize>(
     base: *const u8,
     row_bytes: usize,
     nb: usize,
-    x: &XRow<'_>,
-) -> [f32; ROWS] {
+    xs: &[XRow<'_>; R],
+) -> [[f32; ROWS]; R] {
     // The bytes of four blocks of eight rows, in cache lines: what one step consumes.
     let step_lines = (ROWS * CHAINS * F::BLOCK_BYTES).div_ceil(prefetch::LINE);
     let ahead = WEIGHTS_AHEAD.max(ROWS * row_bytes);
@@ -133,11 +171,11 @@ unsafe fn group_dot<F: Format, const VNNI: bool>(
         stride3: 3 * row_bytes,
     };
     // SAFETY (whole function): blocks b..b + 4 (or the nb - b < 4 remaining) exist in all
-    // eight rows and in `x`; features by the caller's contract.
+    // eight rows and in every `xs` row; features by the caller's contract.
     unsafe {
-        // The four chains as four named registers: an array indexed by a variable (the tail)
-        // would keep them on the stack.
-        let [mut a0, mut a1, mut a2, mut a3] = [_mm256_setzero_ps(); CHAINS];
+        // The four chains (each for the R activation rows) as four named variables: an
+        // array indexed by a variable (the tail) would keep them on the stack.
+        let [mut a0, mut a1, mut a2, mut a3] = [[_mm256_setzero_ps(); R]; CHAINS];
         let mut b = 0;
         while b + CHAINS <= nb {
             // The group is read as eight interleaved streams; ask for one step's worth of
@@ -147,25 +185,27 @@ unsafe fn group_dot<F: Format, const VNNI: bool>(
                 base.wrapping_add(b * ROWS * F::BLOCK_BYTES + ahead),
                 step_lines,
             );
-            a0 = block::<F, VNNI>(base, &rows, b, x, a0);
-            a1 = block::<F, VNNI>(base, &rows, b + 1, x, a1);
-            a2 = block::<F, VNNI>(base, &rows, b + 2, x, a2);
-            a3 = block::<F, VNNI>(base, &rows, b + 3, x, a3);
+            a0 = block::<F, VNNI, R>(base, &rows, b, xs, a0);
+            a1 = block::<F, VNNI, R>(base, &rows, b + 1, xs, a1);
+            a2 = block::<F, VNNI, R>(base, &rows, b + 2, xs, a2);
+            a3 = block::<F, VNNI, R>(base, &rows, b + 3, xs, a3);
             b += CHAINS;
         }
         let left = nb - b;
         if left > 0 {
-            a0 = block::<F, VNNI>(base, &rows, b, x, a0);
+            a0 = block::<F, VNNI, R>(base, &rows, b, xs, a0);
         }
         if left > 1 {
-            a1 = block::<F, VNNI>(base, &rows, b + 1, x, a1);
+            a1 = block::<F, VNNI, R>(base, &rows, b + 1, xs, a1);
         }
         if left > 2 {
-            a2 = block::<F, VNNI>(base, &rows, b + 2, x, a2);
+            a2 = block::<F, VNNI, R>(base, &rows, b + 2, xs, a2);
         }
-        let total = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-        let mut r = [0.0f32; ROWS];
-        _mm256_storeu_ps(r.as_mut_ptr(), total);
+        let mut r = [[0.0f32; ROWS]; R];
+        for (i, out) in r.iter_mut().enumerate() {
+            let total = _mm256_add_ps(_mm256_add_ps(a0[i], a1[i]), _mm256_add_ps(a2[i], a3[i]));
+            _mm256_storeu_ps(out.as_mut_ptr(), total);
+        }
         r
     }
 }
@@ -191,32 +231,35 @@ impl Rows {
     }
 }
 
-/// Block `b` of the eight rows added to one chain (lane `t` = row `t`).
+/// Block `b` of the eight rows added to one chain of each activation row (lane `t` = row
+/// `t`).
 #[inline(always)]
-unsafe fn block<F: Format, const VNNI: bool>(
+unsafe fn block<F: Format, const VNNI: bool, const R: usize>(
     base: *const u8,
     rows: &Rows,
     b: usize,
-    x: &XRow<'_>,
-    acc: __m256,
-) -> __m256 {
-    // SAFETY (whole function): block b of the eight rows and of x exists (caller's contract).
+    xs: &[XRow<'_>; R],
+    mut acc: [__m256; R],
+) -> [__m256; R] {
+    // SAFETY (whole function): block b of the eight rows and of every xs row exists (caller's
+    // contract).
     unsafe {
         let lo4 = base.add(b * F::BLOCK_BYTES);
         let hi4 = lo4.add(4 * rows.stride);
-        let xq = x.blocks[b].qs.as_ptr();
-        let isum = nibble_sums::<F, VNNI>(lo4, hi4, rows, xq);
+        let xq = xs.map(|x| x.blocks[b].qs.as_ptr());
+        let isum = nibble_sums::<F, VNNI, R>(lo4, hi4, rows, &xq);
         let (d, m) = scales::<F>(lo4, hi4, rows);
-        let acc = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(isum),
-            _mm256_mul_ps(d, _mm256_set1_ps(x.d[b])),
-            acc,
-        );
-        if F::HAS_OFFSET {
-            _mm256_fmadd_ps(m, _mm256_set1_ps(x.s[b]), acc)
-        } else {
-            acc
+        for i in 0..R {
+            acc[i] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(isum[i]),
+                _mm256_mul_ps(d, _mm256_set1_ps(xs[i].d[b])),
+                acc[i],
+            );
+            if F::HAS_OFFSET {
+                acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[i].s[b]), acc[i]);
+            }
         }
+        acc
     }
 }
 
@@ -225,23 +268,29 @@ unsafe fn block<F: Format, const VNNI: bool>(
 /// register, low nibbles (weights 0..16) and high nibbles (16..32), with Q5_0's fifth bits,
 /// against the activation halves `xq[..16]` and `xq[16..]`, broadcast to both 128-bit lanes.
 #[inline(always)]
-unsafe fn nibble_sums<F: Format, const VNNI: bool>(
+unsafe fn nibble_sums<F: Format, const VNNI: bool, const R: usize>(
     lo4: *const u8,
     hi4: *const u8,
     rows: &Rows,
-    xq: *const i8,
-) -> __m256i {
+    xq: &[*const i8; R],
+) -> [__m256i; R] {
     let (qs_at, high_bits) = match F::QS_AT {
         QsLayout::Nibbles { at, high_bits } => (at, high_bits),
         QsLayout::Bytes { at } => (at, None),
     };
     // SAFETY (whole function): the eight blocks and 32 bytes at xq exist (caller's contract).
     unsafe {
-        let x_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(xq as *const __m128i));
-        let x_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(xq.add(16) as *const __m128i));
+        // (Loops, not closures, around intrinsics: a closure does not get the caller's
+        // target features.)
+        let mut x_lo = [_mm256_setzero_si256(); R];
+        let mut x_hi = [_mm256_setzero_si256(); R];
+        for ((lo, hi), &p) in x_lo.iter_mut().zip(&mut x_hi).zip(xq) {
+            *lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+            *hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(16) as *const __m128i));
+        }
         let nibble = _mm256_set1_epi8(0x0F);
-        let mut pair_sums = [_mm256_setzero_si256(); 4];
-        for (t, sum) in pair_sums.iter_mut().enumerate() {
+        let mut pair_sums = [[_mm256_setzero_si256(); R]; 4];
+        for (t, sums) in pair_sums.iter_mut().enumerate() {
             // Rows t (low lane) and t + 4 (high lane).
             let (row_lo, row_hi) = (rows.at(lo4, t), rows.at(hi4, t));
             let packed = _mm256_loadu2_m128i(
@@ -257,31 +306,39 @@ unsafe fn nibble_sums<F: Format, const VNNI: bool>(
                 );
                 // Bits 0..16 of each row's qh to weights 0..16, bits 16..32 to 16..32.
                 lo = _mm256_or_si256(lo, fifth_bits(bits, 0x0101010101010101, 0));
-                hi = _mm256_or_si256(hi, fifth_bits(bits, 0x0303030303030303, 0x0202020202020202));
+                let (hi_bytes_hi, hi_bytes_lo) = (0x0303030303030303, 0x0202020202020202);
+                hi = _mm256_or_si256(hi, fifth_bits(bits, hi_bytes_hi, hi_bytes_lo));
             }
-            *sum = if VNNI {
-                _mm256_dpbusd_avx_epi32(
-                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, x_lo),
-                    hi,
-                    x_hi,
-                )
-            } else {
-                // Each i16 lane is two products of at most 31 · 127: the sum of both halves'
-                // lanes stays within i16.
-                _mm256_madd_epi16(
-                    _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo, x_lo),
-                        _mm256_maddubs_epi16(hi, x_hi),
-                    ),
-                    _mm256_set1_epi16(1),
-                )
-            };
+            // The unpacked pair serves every activation row.
+            for ((sum, &x_lo), &x_hi) in sums.iter_mut().zip(&x_lo).zip(&x_hi) {
+                *sum = if VNNI {
+                    _mm256_dpbusd_avx_epi32(
+                        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, x_lo),
+                        hi,
+                        x_hi,
+                    )
+                } else {
+                    // Each i16 lane is two products of at most 31 · 127: the sum of both
+                    // halves' lanes stays within i16.
+                    _mm256_madd_epi16(
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, x_lo),
+                            _mm256_maddubs_epi16(hi, x_hi),
+                        ),
+                        _mm256_set1_epi16(1),
+                    )
+                };
+            }
         }
         // [t t' | t+4 t+4'] per pair → lanes 0..4 rows 0..4, lanes 4..8 rows 4..8.
-        _mm256_hadd_epi32(
-            _mm256_hadd_epi32(pair_sums[0], pair_sums[1]),
-            _mm256_hadd_epi32(pair_sums[2], pair_sums[3]),
-        )
+        let mut isum = [_mm256_setzero_si256(); R];
+        for (i, sum) in isum.iter_mut().enumerate() {
+            *sum = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(pair_sums[0][i], pair_sums[1][i]),
+                _mm256_hadd_epi32(pair_sums[2][i], pair_sums[3][i]),
+            );
+        }
+        isum
     }
 }
 

@@ -10,8 +10,8 @@
 //! `c` of the common arithmetic ([`super::format`]), so decode gives the same bits as the
 //! batched panel GEMM.
 //!
-//! One activation row of Q4_0, Q4_1 or Q5_0 takes [`super::dot8_avx2`] instead, eight weight rows
-//! at a time; the rows after its last whole group of eight come here.
+//! Q4_0, Q4_1 and Q5_0 take [`super::dot8_avx2`] instead, eight weight rows at a time; the
+//! rows after its last whole group of eight come here.
 
 use std::arch::x86_64::*;
 

@@ -8,8 +8,8 @@
 //! results straight into `[m, n]`. On AVX2 (with AVX-VNNI where present) a task runs its
 //! weight rows one at a time against up to four activation rows (`dot_avx2`: decode and small
 //! batches; one row at a time streams the weights sequentially), Q4_0, Q4_1 and Q5_0 against
-//! one activation row eight weight rows at a time (`dot8_avx2`: each row's sum in its own lane,
-//! no horizontal sum per row), or, for [`PANEL_MIN_ROWS`]
+//! up to four activation rows eight weight rows at a time (`dot8_avx2`: each row's sum in its
+//! own lane, no horizontal sum per row), or, for [`PANEL_MIN_ROWS`]
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
 //! 16 activation rows. With AVX-512 VNNI one row takes sixteen blocks per step
@@ -526,8 +526,8 @@ fn run<F: Format>(
                 match (panels, vnni) {
                     (Some(p), true) => super::gemm_avx2::gemm_vnni::<F>(wr, cols, nb, p, m, &mut o),
                     (Some(p), false) => super::gemm_avx2::gemm::<F>(wr, cols, nb, p, m, &mut o),
-                    (None, _) if m == 1 => {
-                        super::dot8_avx2::row::<F>(vnni, wr, cols, nb, rows[0], &mut o)
+                    (None, _) if m <= super::dot8_avx2::MAX_ROWS => {
+                        super::dot8_avx2::rows::<F>(vnni, wr, cols, nb, &rows, &mut o)
                     }
                     (None, true) => super::dot_avx2::rows_vnni::<F>(wr, cols, nb, &rows, &mut o),
                     (None, false) => super::dot_avx2::rows::<F>(wr, cols, nb, &rows, &mut o),
@@ -659,11 +659,14 @@ pub(crate) mod tests {
             (5, 608, 4),
             (1, 576, 13),
             (6, 544, 9),
-            // One activation row on AVX2: whole groups of eight weight rows, with and without
-            // a tail of rows, blocks not a multiple of the four chains.
+            // One to four activation rows on AVX2: whole groups of eight weight rows, with and
+            // without a tail of rows, blocks not a multiple of the four chains.
             (1, 96, 17),
             (1, 160, 24),
             (1, 224, 8),
+            (2, 160, 16),
+            (3, 96, 9),
+            (4, 224, 17),
             // Rows of one short step: nothing but the shared tails.
             (1, 64, 12),
             (5, 96, 8),

@@ -1,6 +1,6 @@
-//! AVX2 decode for Q4_0, Q4_1 and Q5_0: eight weight rows at a time against one to four
-//! activation rows (decode, and the verify steps of speculative decoding), each weight row's
-//! result in its own lane.
+//! AVX2 decode and small batches for Q4_0, Q4_1 and Q5_0 (below the panel GEMM: decode, and
+//! the verify steps of speculative decoding): eight weight rows at a time against up to four
+//! activation rows per pass, each weight row's result in its own lane.
 //!
 //! The row kernel ([`super::dot_avx2`]) sums each block's eight i32 partial sums per weight
 //! row with a `hadd` tree and gathers four blocks' scales through the stack; on a core where
@@ -16,9 +16,9 @@
 //! vector, lane `t` = row `t`, and the float steps run on eight rows at once: chain `b % 4`
 //! of lane `t` is the common arithmetic's chain for row `t` ([`super::format`]), FMA for FMA,
 //! so results are the same bits as every other kernel's. On that EPYC a speculative step of
-//! 1 + k tokens of SmolLM2 Q4_1 measured 1.27, 1.67 and 2.15 one-token steps for k = 1 to 3
-//! (the engine's own timing at start, one run), where the row kernel's gave 1.58, 2.13 and
-//! 2.73.
+//! 1 + k tokens of SmolLM2 Q4_1 measured 1.30, 1.74, 2.21 and 2.85 one-token steps for k = 1
+//! to 4 (the engine's own timing at start, one run), where the row kernel's gave 1.58, 2.13,
+//! 2.73 and 3.65.
 //!
 //! Q8_0 stays on the row kernel: the same scheme for its signed bytes (one register per row,
 //! a transposing reduction of the eight) decoded SmolLM2 Q8_0 at 0.89× the row kernel's speed
@@ -43,17 +43,13 @@ pub(super) const fn reads<F: Format>() -> bool {
     )
 }
 
-/// Most activation rows one pass over the weights takes (as the row kernel).
-pub(super) const MAX_ROWS: usize = 4;
-
-/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the (up to
-/// [`MAX_ROWS`]) activation rows `xs`: whole groups of eight weight rows here, the rest on the
-/// row kernel.
+/// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`:
+/// whole groups of eight weight rows here, the rest on the row kernel.
 ///
 /// # Safety
-/// AVX2, FMA and F16C available (and AVX-VNNI when `vnni`); `w` is `rows` rows of `nb`
-/// blocks of `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and `s`); `out`
-/// has `xs.len()` activation rows.
+/// AVX2, FMA and F16C available (and AVX-VNNI when `vnni`); [`reads`]`::<F>()`; `w` is `rows`
+/// rows of `nb` blocks of `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and
+/// `s`); `out` has `xs.len()` activation rows.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows<F: Format>(
     vnni: bool,
@@ -65,9 +61,8 @@ pub(super) unsafe fn rows<F: Format>(
 ) {
     let row_bytes = nb * F::BLOCK_BYTES;
     debug_assert_eq!(w.len(), rows * row_bytes);
-    debug_assert!(xs.len() <= MAX_ROWS);
-    // A format this kernel does not read goes to the row kernel whole.
-    let grouped = if reads::<F>() { rows / ROWS * ROWS } else { 0 };
+    debug_assert!(reads::<F>());
+    let grouped = rows / ROWS * ROWS;
     // SAFETY (both calls): by the caller's contract; the groups are whole rows of `w`.
     unsafe {
         if vnni {
@@ -106,7 +101,8 @@ unsafe fn groups_vnni<F: Format>(
     unsafe { groups::<F, true>(w, rows, nb, xs, out) }
 }
 
-/// Every group of eight rows of `w` (`rows` is a multiple of eight) against `xs`.
+/// Every group of eight rows of `w` (`rows` is a multiple of eight) against `xs`, up to four
+/// activation rows per pass over the groups.
 #[inline(always)]
 unsafe fn groups<F: Format, const VNNI: bool>(
     w: &[u8],
@@ -115,44 +111,48 @@ unsafe fn groups<F: Format, const VNNI: bool>(
     xs: &[XRow<'_>],
     out: &mut OutCols,
 ) {
-    // SAFETY (all arms): by the caller's contract.
-    unsafe {
-        match xs {
-            [x] => groups_of::<F, VNNI, 1>(w, rows, nb, [*x], out),
-            [x0, x1] => groups_of::<F, VNNI, 2>(w, rows, nb, [*x0, *x1], out),
-            [x0, x1, x2] => groups_of::<F, VNNI, 3>(w, rows, nb, [*x0, *x1, *x2], out),
-            [x0, x1, x2, x3] => groups_of::<F, VNNI, 4>(w, rows, nb, [*x0, *x1, *x2, *x3], out),
-            _ => {}
-        }
+    let mut i = 0;
+    while i < xs.len() {
+        // SAFETY (all arms): by the caller's contract.
+        i += unsafe {
+            match &xs[i..] {
+                [x] => groups_of::<F, VNNI, 1>(w, rows, nb, [*x], i, out),
+                [x0, x1] => groups_of::<F, VNNI, 2>(w, rows, nb, [*x0, *x1], i, out),
+                [x0, x1, x2] => groups_of::<F, VNNI, 3>(w, rows, nb, [*x0, *x1, *x2], i, out),
+                [x0, x1, x2, x3, ..] => {
+                    groups_of::<F, VNNI, 4>(w, rows, nb, [*x0, *x1, *x2, *x3], i, out)
+                }
+                [] => 0,
+            }
+        };
     }
 }
 
-/// [`groups`] for `R` activation rows.
+/// [`groups`] for the `R` activation rows from row `i`; returns `R`.
 #[inline(always)]
 unsafe fn groups_of<F: Format, const VNNI: bool, const R: usize>(
     w: &[u8],
     rows: usize,
     nb: usize,
     xs: [XRow<'_>; R],
+    i: usize,
     out: &mut OutCols,
-) {
+) -> usize {
     let row_bytes = nb * F::BLOCK_BYTES;
-    if row_bytes == 0 {
-        return;
-    }
     for (g, group) in w[..rows * row_bytes]
-        .chunks_exact(ROWS * row_bytes)
+        .chunks_exact((ROWS * row_bytes).max(1))
         .enumerate()
     {
         // SAFETY: `group` is eight rows of nb blocks; features and `xs` by the caller's
         // contract.
         let totals = unsafe { group_dot::<F, VNNI, R>(group.as_ptr(), row_bytes, nb, &xs) };
-        for (i, row) in totals.into_iter().enumerate() {
+        for (k, row) in totals.into_iter().enumerate() {
             for (t, v) in row.into_iter().enumerate() {
-                out.set(i, g * ROWS + t, v);
+                out.set(i + k, g * ROWS + t, v);
             }
         }
     }
+    R
 }
 
 /// The eight rows from `base` (`row_bytes` apart) against each of `xs`.

@@ -526,7 +526,7 @@ fn run<F: Format>(
                 match (panels, vnni) {
                     (Some(p), true) => super::gemm_avx2::gemm_vnni::<F>(wr, cols, nb, p, m, &mut o),
                     (Some(p), false) => super::gemm_avx2::gemm::<F>(wr, cols, nb, p, m, &mut o),
-                    (None, _) if m <= super::dot8_avx2::MAX_ROWS => {
+                    (None, vnni) if super::dot8_avx2::reads::<F>() => {
                         super::dot8_avx2::rows::<F>(vnni, wr, cols, nb, &rows, &mut o)
                     }
                     (None, true) => super::dot_avx2::rows_vnni::<F>(wr, cols, nb, &rows, &mut o),

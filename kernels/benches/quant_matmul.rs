@@ -131,7 +131,7 @@ fn bench(c: &mut Criterion) {
 /// o, gate, up, down (66 MB of weights in Q4_1, more than the L3 cache, so they stream from
 /// DRAM on most machines, as in the real model). The LM head and attention are not included.
 /// At m = 1 to 12 (decode, small batches and the verify steps of speculative decoding)
-/// `/avx512vnni` and `/avx2vnni` as `auto` would run them (the row kernels; from
+/// `/avx512vnni`, `/avx2vnni` and `/avx2` as `auto` would run them (the row kernels; from
 /// `PANEL16_MIN_ROWS` rows the GEMMs); at m = 16 each batched GEMM this CPU has (`/amx`,
 /// `/avx512vnni`, `/avx2vnni`); the detected kernel where the CPU has none of them.
 fn decode_step(c: &mut Criterion) {
@@ -160,7 +160,7 @@ fn decode_step(c: &mut Criterion) {
             let mut out = vec![0.0f32; m * 1536];
             // Below 16 rows AMX runs the AVX-512 kernels, so it is not listed there.
             let candidates: &[DotKernel] = if m < 16 {
-                &[DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
+                &[DotKernel::Avx512Vnni, DotKernel::Avx2Vnni, DotKernel::Avx2]
             } else {
                 &[DotKernel::Amx, DotKernel::Avx512Vnni, DotKernel::Avx2Vnni]
             };

@@ -28,9 +28,10 @@ pub enum DotKernel {
     /// The AVX2 row path for every batch size (no panel GEMM, to measure what it brings).
     Avx2Rows,
     /// AVX-512 VNNI: the 16-row panel GEMM with 512-bit `vpdpbusd` (`gemm_avx512`) for
-    /// batches of [`super::matmul::PANEL16_MIN_ROWS`] rows or more; below, the block-per-lane
-    /// kernel (`dot_lanes_avx512`) for two rows or more and the 512-bit row kernel
-    /// (`dot_avx512`, sixteen blocks per step) for one.
+    /// batches of [`super::matmul::PANEL16_MIN_ROWS`] rows or more; below, for Q4_0, Q4_1 and
+    /// Q5_0 up to four rows sixteen weight rows at a time (`dot16_avx512`), otherwise the
+    /// block-per-lane kernel (`dot_lanes_avx512`) for two rows or more and the 512-bit row
+    /// kernel (`dot_avx512`, sixteen blocks per step) for one.
     Avx512Vnni,
     /// AMX: [`DotKernel::Avx512Vnni`], with batches of [`super::matmul::AMX_MIN_ROWS`] rows
     /// or more (prefill chunks) on AMX tile products (`gemm_amx`), 16 weight rows × 16

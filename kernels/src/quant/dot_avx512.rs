@@ -1,6 +1,8 @@
 //! AVX-512 VNNI quantised matmul for decode: one weight row at a time (read sequentially, as
 //! [`super::dot_avx2`]) against the step's one activation row, sixteen blocks per step. (The
-//! step functions take `R` activation rows; decode instantiates one.)
+//! step functions take `R` activation rows; decode instantiates one.) Matmul runs it for
+//! Q8_0; Q4_0, Q4_1 and Q5_0 take [`super::dot16_avx512`], which shares this file's unpack,
+//! reduction and scale gather.
 //!
 //! The AVX2 row kernel spends most of its instructions turning each block's eight partial
 //! sums into one (a `hadd` tree per four blocks) and gathering f16 scales one at a time. Here
@@ -339,7 +341,7 @@ unsafe fn step16<F: Format, const R: usize, const PARTIAL: bool>(
 /// # Safety
 /// AVX-512F available.
 #[inline(always)]
-unsafe fn transpose_sums(v: [__m512i; 4]) -> __m512i {
+pub(super) unsafe fn transpose_sums(v: [__m512i; 4]) -> __m512i {
     // SAFETY: AVX-512F by the caller's contract.
     unsafe {
         let p01 = _mm512_add_epi32(
@@ -470,7 +472,7 @@ unsafe fn block_products<F: Format>(w: (__m512i, __m512i), xlo: &Lane64, xhi: &L
 /// # Safety
 /// AVX-512 F/BW/VNNI available.
 #[inline(always)]
-unsafe fn block_products_of<F: Format>(
+pub(super) unsafe fn block_products_of<F: Format>(
     w: (__m512i, __m512i),
     mut xlo: __m512i,
     mut xhi: __m512i,

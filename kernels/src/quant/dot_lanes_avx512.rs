@@ -1,6 +1,7 @@
 //! AVX-512 VNNI quantised matmul for small batches (2 to 8 activation rows: the verify steps
-//! of speculative decoding, small decode batches): one weight row at a time against all the
-//! rows, with each block's integer sum in its own 32-bit lane.
+//! of speculative decoding, small decode batches; for Q4_0, Q4_1 and Q5_0 five to eight, as
+//! [`super::dot16_avx512`] takes up to four): one weight row at a time against all the rows,
+//! with each block's integer sum in its own 32-bit lane.
 //!
 //! The one-row kernel ([`super::dot_avx512`]) leaves a block's four partial sums in four lanes
 //! of a 128-bit segment, and pays a transposing reduction per activation row and step to

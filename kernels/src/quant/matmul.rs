@@ -12,10 +12,12 @@
 //! own lane, no horizontal sum per row), or, for [`PANEL_MIN_ROWS`]
 //! rows or more, interleaves the activations into 8-row panels once and runs the panel GEMM
 //! (`gemm_avx2`, after llama.cpp's repacked GEMMs), which unpacks each weight block once per
-//! 16 activation rows. With AVX-512 VNNI one row takes sixteen blocks per step
-//! (`dot_avx512`), two to eight rows share each step's weights transposed to one block per
-//! lane (`dot_lanes_avx512`), and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one per
-//! 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
+//! 16 activation rows. With AVX-512 VNNI up to four rows of Q4_0, Q4_1 or Q5_0
+//! run sixteen weight rows at a time (`dot16_avx512`, the 512-bit form of `dot8_avx2`); one
+//! row of Q8_0 takes sixteen blocks per step (`dot_avx512`); two to eight rows of Q8_0, and
+//! five to eight of the others, share each step's weights transposed to one block per lane
+//! (`dot_lanes_avx512`); and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one
+//! per 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
 //! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
 //! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
 //! with AVX-512 VNNI from [`KPANEL16_MIN_ROWS`] rows, a 16-row panel GEMM
@@ -45,8 +47,9 @@ use super::{q2_k::Q2K, q3_k::Q3K, q4_k::Q4K, q5_k::Q5K, q6_k::Q6K};
 pub const PANEL_MIN_ROWS: usize = 6;
 
 /// Smallest batch that takes the 16-row panel GEMM on AVX-512 VNNI (and AMX below
-/// [`AMX_MIN_ROWS`]); one row runs the one-row kernel (`dot_avx512`), two up to this the
-/// block-per-lane kernel (`dot_lanes_avx512`). The GEMM's cost hardly depends on the rows it
+/// [`AMX_MIN_ROWS`]); below, Q4_0, Q4_1 and Q5_0 run the sixteen-weight-row kernel
+/// (`dot16_avx512`) up to four rows, and otherwise one row runs the one-row kernel
+/// (`dot_avx512`), two up to this the block-per-lane kernel (`dot_lanes_avx512`). The GEMM's cost hardly depends on the rows it
 /// fills, the row kernels' grows with every row. Measured on a 2-core AMD EPYC with
 /// AVX-512 VNNI (criterion `q{4_1,8_0}_step_30_layers_m*`, the 210 weight matmuls of a
 /// SmolLM2 step; two runs, times relative to one row): the block-per-lane kernel took 1.4,
@@ -490,9 +493,12 @@ fn run<F: Format>(
     #[cfg(target_arch = "x86_64")]
     let avx512_rows = matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && !batched;
     #[cfg(target_arch = "x86_64")]
-    let row16 = (avx512_rows && m == 1).then(|| xq.row16(0));
+    let rows16 =
+        avx512_rows && m <= super::dot16_avx512::PASS_ROWS && super::dot16_avx512::reads::<F>();
     #[cfg(target_arch = "x86_64")]
-    let block_lanes = (avx512_rows && m > 1).then(|| xq.block_lanes());
+    let row16 = (avx512_rows && !rows16 && m == 1).then(|| xq.row16(0));
+    #[cfg(target_arch = "x86_64")]
+    let block_lanes = (avx512_rows && !rows16 && m > 1).then(|| xq.block_lanes());
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
         let j0 = c * rows_per_task;
@@ -513,6 +519,10 @@ fn run<F: Format>(
                 }
                 if let Some(p) = panels16 {
                     super::gemm_avx512::gemm::<F>(wr, cols, nb, p, m, &mut o);
+                    return;
+                }
+                if rows16 {
+                    super::dot16_avx512::rows::<F>(wr, cols, nb, &rows, &mut o);
                     return;
                 }
                 if let Some(x16) = row16 {
@@ -667,6 +677,14 @@ pub(crate) mod tests {
             (2, 160, 16),
             (3, 96, 9),
             (4, 224, 17),
+            // One to eight activation rows on AVX-512: whole groups of sixteen weight rows,
+            // with tails of eight and fewer rows, one pass of four and a second pass.
+            (1, 96, 33),
+            (2, 160, 48),
+            (3, 224, 40),
+            (5, 96, 32),
+            (7, 160, 25),
+            (8, 224, 16),
             // Rows of one short step: nothing but the shared tails.
             (1, 64, 12),
             (5, 96, 8),

@@ -7,6 +7,8 @@
 
 pub mod dot;
 #[cfg(target_arch = "x86_64")]
+mod dot16_avx512;
+#[cfg(target_arch = "x86_64")]
 mod dot8_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2;

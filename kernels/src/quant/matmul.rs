@@ -17,8 +17,8 @@
 //! row of Q8_0 takes sixteen blocks per step (`dot_avx512`); two to eight rows of Q8_0, and
 //! five to eight of the others, share each step's weights transposed to one block per lane
 //! (`dot_lanes_avx512`); and, from [`PANEL16_MIN_ROWS`] rows, the panels hold 16 rows, one
-//! per 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a block's
-//! integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
+//! per 512-bit register (`gemm_avx512`); with AMX 16 weight rows × 16 activation rows of a
+//! block's integer sums are one tile product (`gemm_amx`, from [`AMX_MIN_ROWS`] rows). The K-quants
 //! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
 //! with AVX-512 VNNI from [`KPANEL16_MIN_ROWS`] rows, a 16-row panel GEMM
 //! (`kgemm_avx512`), and with AMX, for Q4_K and Q5_K from [`AMX_MIN_ROWS`] rows, tile
@@ -49,8 +49,8 @@ pub const PANEL_MIN_ROWS: usize = 6;
 /// Smallest batch that takes the 16-row panel GEMM on AVX-512 VNNI (and AMX below
 /// [`AMX_MIN_ROWS`]); below, Q4_0, Q4_1 and Q5_0 run the sixteen-weight-row kernel
 /// (`dot16_avx512`) up to four rows, and otherwise one row runs the one-row kernel
-/// (`dot_avx512`), two up to this the block-per-lane kernel (`dot_lanes_avx512`). The GEMM's cost hardly depends on the rows it
-/// fills, the row kernels' grows with every row. Measured on a 2-core AMD EPYC with
+/// (`dot_avx512`), two up to this the block-per-lane kernel (`dot_lanes_avx512`). The
+/// GEMM's cost hardly depends on the rows it fills, the row kernels' grows with every row. Measured on a 2-core AMD EPYC with
 /// AVX-512 VNNI (criterion `q{4_1,8_0}_step_30_layers_m*`, the 210 weight matmuls of a
 /// SmolLM2 step; two runs, times relative to one row): the block-per-lane kernel took 1.4,
 /// 1.5, 1.7-1.8, 2.2-2.6 and 2.9-3.8 at 2, 3, 4, 6 and 9 rows for Q4_1 (1.2, 1.3, 1.4-1.5,
@@ -677,8 +677,9 @@ pub(crate) mod tests {
             (2, 160, 16),
             (3, 96, 9),
             (4, 224, 17),
-            // One to eight activation rows on AVX-512: whole groups of sixteen weight rows,
-            // with tails of eight and fewer rows, one pass of four and a second pass.
+            // Up to four activation rows on AVX-512 (the sixteen-row kernel): whole groups of
+            // sixteen weight rows with tails of eight and fewer; five to eight rows of the
+            // same shapes go to the block-per-lane kernel.
             (1, 96, 33),
             (2, 160, 48),
             (3, 224, 40),

@@ -44,13 +44,20 @@ pub(super) const fn reads<F: Format>() -> bool {
     super::dot8_avx2::reads::<F>()
 }
 
+/// Whether rows of `row_bytes` are short enough for the scale gather's 32-bit offsets: row
+/// 15's block starts at most `i32::MAX` bytes after row 0's (rows up to about 143 MB, far
+/// longer than any model's).
+pub(super) const fn offsets_fit(row_bytes: usize) -> bool {
+    row_bytes <= i32::MAX as usize / (ROWS - 1)
+}
+
 /// `out[i, j] = w_j · x_i` for the `rows` weight rows in `w` and the activation rows `xs`:
 /// whole groups of sixteen weight rows here, the rest on the AVX2 eight-row kernel.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C available; [`reads`]`::<F>()`; `w` is `rows` rows
 /// of `nb` blocks of `F`; every `xs` row holds `nb` blocks (and `nb` values of `d` and `s`);
-/// `out` has `xs.len()` activation rows; a row's `nb` blocks span less than 2 GiB / 16.
+/// `out` has `xs.len()` activation rows; [`offsets_fit`]`(nb * F::BLOCK_BYTES)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn rows<F: Format>(
     w: &[u8],
@@ -62,6 +69,7 @@ pub(super) unsafe fn rows<F: Format>(
     let row_bytes = nb * F::BLOCK_BYTES;
     debug_assert_eq!(w.len(), rows * row_bytes);
     debug_assert!(reads::<F>());
+    debug_assert!(offsets_fit(row_bytes));
     let grouped = rows / ROWS * ROWS;
     let mut i = 0;
     while i < xs.len() {
@@ -173,7 +181,7 @@ unsafe fn group_dot<F: Format, const R: usize>(
 /// AVX-512F available.
 #[inline(always)]
 unsafe fn row_offsets(row_bytes: usize) -> __m512i {
-    // Within i32 by the caller's contract (16 rows span less than 2 GiB).
+    // Within i32 times 15 by the caller's contract ([`offsets_fit`]).
     let r = row_bytes as i32;
     // SAFETY: AVX-512F by the caller's contract.
     unsafe {
@@ -257,5 +265,19 @@ unsafe fn block_sums<F: Format, const R: usize>(
             *total = transpose_sums(s);
         }
         isum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_fit_exactly_while_row_15_is_within_i32() {
+        let longest = i32::MAX as usize / (ROWS - 1);
+        assert!(offsets_fit(longest));
+        assert!((ROWS - 1) * longest <= i32::MAX as usize);
+        assert!(!offsets_fit(longest + 1));
+        assert!((ROWS - 1) * (longest + 1) > i32::MAX as usize);
     }
 }

@@ -493,8 +493,10 @@ fn run<F: Format>(
     #[cfg(target_arch = "x86_64")]
     let avx512_rows = matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx) && !batched;
     #[cfg(target_arch = "x86_64")]
-    let rows16 =
-        avx512_rows && m <= super::dot16_avx512::PASS_ROWS && super::dot16_avx512::reads::<F>();
+    let rows16 = avx512_rows
+        && m <= super::dot16_avx512::PASS_ROWS
+        && super::dot16_avx512::reads::<F>()
+        && super::dot16_avx512::offsets_fit(row_bytes);
     #[cfg(target_arch = "x86_64")]
     let row16 = (avx512_rows && !rows16 && m == 1).then(|| xq.row16(0));
     #[cfg(target_arch = "x86_64")]
@@ -510,8 +512,9 @@ fn run<F: Format>(
         #[cfg(target_arch = "x86_64")]
         if simd {
             // SAFETY: the kernel's support was asserted (AVX2 for all of them, AVX-512 VNNI
-            // for `panels16`, AMX for `amx`, AVX-VNNI for `vnni`); shapes follow from the
-            // asserts above; panels are built from `xq`.
+            // for `panels16` and `rows16`, AMX for `amx`, AVX-VNNI for `vnni`); shapes follow
+            // from the asserts above (and `rows16` from its row-length check); panels are
+            // built from `xq`.
             unsafe {
                 if let (Some(p), true) = (panels16, amx) {
                     super::gemm_amx::gemm::<F>(wr, cols, nb, p, m, &mut o);

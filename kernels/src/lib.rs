@@ -38,8 +38,13 @@ pub use quant::matmul::{
     matmul, matmul_quantized, matmul_with, QuantizedActivations, AMX_MIN_ROWS, KPANEL16_MIN_ROWS,
     PANEL16_MIN_ROWS, PANEL_MIN_ROWS,
 };
+pub use quant::matmul_x16::{matmul_q4_k_x16, reads_q4_k_x16};
 pub use quant::q4_0::{dequantize_q4_0, Q4_0_BLOCK_BYTES};
 pub use quant::q4_1::{dequantize_q4_1, Q4_1_BLOCK_BYTES, QK};
+pub use quant::q4_k_x16::{
+    repack as repack_q4_k_x16, repack_into as repack_q4_k_x16_into, row as q4_k_x16_row,
+    GROUP_ROWS as Q4_K_X16_GROUP_ROWS,
+};
 pub use quant::q5_0::{dequantize_q5_0, Q5_0_BLOCK_BYTES};
 pub use quant::q8_0::{dequantize_q8_0, Q8_0_BLOCK_BYTES};
 pub use quant::quantize_32::{dequantize_q5_1, quantize_q5_1, Q5_1_BLOCK_BYTES};

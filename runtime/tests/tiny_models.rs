@@ -8,6 +8,9 @@ use tidal_runtime::model::{
     ModelFile, QuantizeTo, TinySpec,
 };
 
+#[path = "../../tests/skip/mod.rs"]
+mod skip;
+
 fn tiny(spec: &TinySpec) -> (tempdir::Dir, ModelFile) {
     let dir = tempdir::Dir::new();
     let path = dir.path.join("tiny.gguf");
@@ -248,6 +251,47 @@ fn slow_block_types_become_q8_0_unless_kept_as_stored() {
     // A type our kernels run stays in place either way.
     let (_dir, file) = tiny(&TinySpec::default());
     assert!(Model::load(&file, None).unwrap().all_weights_mapped());
+}
+
+/// Q4_K matrices of whole groups of sixteen rows are repacked for the AVX-512 VNNI kernels;
+/// the logits are the stored layout's, bit for bit, for prompts of one row and of several
+/// passes of four rows with every tail.
+#[test]
+fn repacked_q4_k_gives_the_stored_layouts_logits_bit_for_bit() {
+    let kernel = tidal_kernels::DotKernel::selected();
+    if !tidal_kernels::reads_q4_k_x16(kernel) {
+        skip::skip(&format!(
+            "the {kernel:?} kernel does not read repacked Q4_K (no AVX-512 VNNI)"
+        ));
+        return;
+    }
+    let (_dir, file) = tiny(&TinySpec {
+        dtype: GgmlDType::Q4K,
+        hidden: 256,
+        ffn: 512,
+        ..TinySpec::default()
+    });
+    let repacked = Model::load(&file, None).unwrap();
+    // Every matrix: q, k, v, o, gate, up, down in two layers, and the tied LM head.
+    assert_eq!(repacked.prepare_cpu(kernel), 15);
+    let stored = Model::load(&file, None).unwrap();
+    assert_eq!(stored.prepare_cpu(tidal_kernels::DotKernel::Portable), 0);
+    assert!(repacked.all_weights_mapped() && stored.all_weights_mapped());
+    assert_eq!(repacked.weight_bytes(), stored.weight_bytes());
+    for len in [1usize, 4, 7, 20] {
+        let prompt: Vec<u32> = (0..len as u32).map(|t| (t * 7 + 3) % 96).collect();
+        let logits = |model: &Model| {
+            let table = [0u32, 1];
+            let batch = ForwardBatch::prompt(&prompt, &table);
+            let mut kv = KvStorage::new(model.config(), KvDtype::F32, 2, 16);
+            model.forward(&batch, &mut kv).unwrap()
+        };
+        let (a, b) = (logits(&repacked), logits(&stored));
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{len}-token prompt: repacked {a:?} stored {b:?}"
+        );
+    }
 }
 
 #[test]

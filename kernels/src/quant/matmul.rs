@@ -22,7 +22,9 @@
 //! take Q8_K activations (256 values per scale) and the AVX2 row kernel (`kdot_avx2`) or,
 //! with AVX-512 VNNI from [`KPANEL16_MIN_ROWS`] rows, a 16-row panel GEMM
 //! (`kgemm_avx512`), and with AMX, for Q4_K and Q5_K from [`AMX_MIN_ROWS`] rows, tile
-//! products (`kgemm_amx`). Every path computes
+//! products (`kgemm_amx`). A Q4_K matrix repacked into groups of sixteen rows at load
+//! ([`super::q4_k_x16`]) takes [`super::matmul_x16`] instead: with AVX-512 VNNI a sixteen-row
+//! kernel for every batch below AMX's. Every path computes
 //! each output with the same operations in the same order ([`super::format`]), so a row's
 //! result does not depend on the batch it is in.
 
@@ -102,6 +104,9 @@ pub struct QuantizedActivations {
     q8_k: OnceLock<Vec<BlockQ8K>>,
     /// The Q8_K rows as 16-row panels, for the AVX-512 K-quant GEMM.
     kpanels16: OnceLock<Vec<KPanel16Block>>,
+    /// Every Q8_K block's 32-value sums, paired for the sixteen-row Q4_K kernel.
+    #[cfg(target_arch = "x86_64")]
+    sum_pairs: OnceLock<Vec<[i32; 4]>>,
     panels: OnceLock<Vec<PanelBlock>>,
     /// The same as 16-row panels, for the AVX-512 GEMM.
     panels16: OnceLock<Vec<Panel16Block>>,
@@ -149,6 +154,8 @@ impl QuantizedActivations {
             q8_1: OnceLock::new(),
             q8_k: OnceLock::new(),
             kpanels16: OnceLock::new(),
+            #[cfg(target_arch = "x86_64")]
+            sum_pairs: OnceLock::new(),
             panels: OnceLock::new(),
             panels16: OnceLock::new(),
             #[cfg(target_arch = "x86_64")]
@@ -216,6 +223,13 @@ impl QuantizedActivations {
             }
             blocks
         })
+    }
+
+    /// [`super::kdot16_avx512::sum_pairs`] of every row's Q8_K blocks.
+    #[cfg(target_arch = "x86_64")]
+    pub(super) fn sum_pairs(&self) -> &[[i32; 4]] {
+        self.sum_pairs
+            .get_or_init(|| super::kdot16_avx512::sum_pairs(self.q8_k()))
     }
 
     fn kpanels16(&self) -> &[KPanel16Block] {
@@ -344,7 +358,7 @@ pub fn matmul_quantized(
 }
 
 /// Checks a matmul call's shapes; returns the bytes of one weight row.
-fn check_shapes(
+pub(super) fn check_shapes(
     kernel: DotKernel,
     ty: QuantType,
     xq: &QuantizedActivations,
@@ -388,7 +402,7 @@ fn rows_per_task(m: usize, n: usize, blocks32: usize) -> usize {
 }
 
 /// Runs `task(c)` for every task `c` of `n` weight rows in runs of `rows_per_task`.
-fn for_each_task(n: usize, rows_per_task: usize, task: impl Fn(usize) + Sync + Send) {
+pub(super) fn for_each_task(n: usize, rows_per_task: usize, task: impl Fn(usize) + Sync + Send) {
     let tasks = n.div_ceil(rows_per_task);
     if tasks == 1 {
         task(0);
@@ -407,59 +421,106 @@ fn run_k<K: KFormat>(
     out: &mut [f32],
 ) {
     let row_bytes = check_shapes(kernel, ty, xq, w, n, out);
-    let (m, k) = (xq.m, xq.k);
-    if m == 0 || n == 0 {
+    let Some(plan) = KPlan::new::<K>(kernel, xq, n, out, true) else {
         return;
-    }
-    let nb = k / QK_K;
-    if nb == 0 {
-        out.fill(0.0);
-        return;
-    }
-    let x = xq.q8_k();
-    let rows: Vec<&[BlockQ8K]> = x.chunks_exact(nb).collect();
-    let rows_per_task = rows_per_task(m, n, k / QK);
-    let simd = kernel != DotKernel::Portable;
-    let kpanels = (matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
-        && m >= KPANEL16_MIN_ROWS)
-        .then(|| xq.kpanels16());
-    // Q4_K and Q5_K only (6-bit unsigned scales over 32 weights): `kgemm_amx` splits each
-    // scale into two 3-bit factors folded into the weight bytes, which Q6_K's and Q3_K's
-    // signed scales do not allow. (Weighing every span's tile product on the vector units
-    // instead measured within 3 % of the AVX-512 GEMM for the 16-weight-span formats.)
-    let amx = kernel == DotKernel::Amx && m >= AMX_MIN_ROWS && K::SCALE_SPAN == 32;
+    };
     let out_ptr = SendPtr(out.as_mut_ptr());
     let task = |c: usize| {
-        let j0 = c * rows_per_task;
-        let cols = rows_per_task.min(n - j0);
+        let j0 = c * plan.rows_per_task;
+        let cols = plan.rows_per_task.min(n - j0);
         let wr = &w[j0 * row_bytes..(j0 + cols) * row_bytes];
         // SAFETY: tasks own disjoint column ranges of `out`, which is exclusively borrowed
         // for this call and holds m * n values.
-        let mut o = unsafe { OutCols::new(out_ptr, m, n, j0, cols) };
+        let mut o = unsafe { OutCols::new(out_ptr, plan.m, n, j0, cols) };
+        plan.run::<K>(wr, cols, &mut o);
+    };
+    for_each_task(n, plan.rows_per_task, task);
+}
+
+/// What one K-quant matmul call runs on: the activation rows and which kernel takes them.
+pub(super) struct KPlan<'a> {
+    /// Activation rows.
+    pub m: usize,
+    /// Super-blocks per row.
+    pub nb: usize,
+    /// Weight rows per rayon task (whole groups of 16).
+    pub rows_per_task: usize,
+    /// Every activation row's Q8_K blocks.
+    pub rows: Vec<&'a [BlockQ8K]>,
+    simd: bool,
+    kpanels: Option<&'a [KPanel16Block]>,
+    amx: bool,
+}
+
+impl<'a> KPlan<'a> {
+    /// The plan for `xq` against `n` weight rows of `K`; `None` when there is nothing to
+    /// compute (`out` then holds the result). Batches take the GEMMs (and their activation
+    /// panels are built now) only if `gemms`.
+    pub(super) fn new<K: KFormat>(
+        kernel: DotKernel,
+        xq: &'a QuantizedActivations,
+        n: usize,
+        out: &mut [f32],
+        gemms: bool,
+    ) -> Option<Self> {
+        let (m, k) = (xq.m, xq.k);
+        if m == 0 || n == 0 {
+            return None;
+        }
+        let nb = k / QK_K;
+        if nb == 0 {
+            out.fill(0.0);
+            return None;
+        }
+        let kpanels = (gemms
+            && matches!(kernel, DotKernel::Avx512Vnni | DotKernel::Amx)
+            && m >= KPANEL16_MIN_ROWS)
+            .then(|| xq.kpanels16());
+        Some(Self {
+            m,
+            nb,
+            rows_per_task: rows_per_task(m, n, k / QK),
+            rows: xq.q8_k().chunks_exact(nb).collect(),
+            simd: kernel != DotKernel::Portable,
+            kpanels,
+            // Q4_K and Q5_K only (6-bit unsigned scales over 32 weights): `kgemm_amx` splits
+            // each scale into two 3-bit factors folded into the weight bytes, which Q6_K's
+            // and Q3_K's signed scales do not allow. (Weighing every span's tile product on
+            // the vector units instead measured within 3 % of the AVX-512 GEMM for the
+            // 16-weight-span formats.)
+            amx: gemms && kernel == DotKernel::Amx && m >= AMX_MIN_ROWS && K::SCALE_SPAN == 32,
+        })
+    }
+
+    /// `cols` stored weight rows `wr` against every activation row, into `o`.
+    pub(super) fn run<K: KFormat>(&self, wr: &[u8], cols: usize, o: &mut OutCols) {
+        let nb = self.nb;
         #[cfg(target_arch = "x86_64")]
-        if simd {
+        if self.simd {
             // SAFETY: every SIMD kernel implies AVX2, FMA and F16C, `kpanels` is only built
-            // for AVX-512 VNNI ones and `amx` only set for AMX (support asserted above);
-            // shapes follow from the asserts above; panels are built from `xq`.
+            // for AVX-512 VNNI ones and `amx` only set for AMX (the caller asserted the
+            // kernel's support); `wr` is `cols` rows of `nb` super-blocks (caller's shapes);
+            // panels are built from the same activations.
             unsafe {
-                match (kpanels, amx) {
-                    (Some(p), true) => super::kgemm_amx::gemm::<K>(wr, cols, nb, p, m, &mut o),
-                    (Some(p), false) => super::kgemm_avx512::gemm::<K>(wr, cols, nb, p, m, &mut o),
-                    (None, _) => super::kdot_avx2::rows::<K>(wr, cols, nb, &rows, &mut o),
+                match (self.kpanels, self.amx) {
+                    (Some(p), true) => super::kgemm_amx::gemm::<K>(wr, cols, nb, p, self.m, o),
+                    (Some(p), false) => super::kgemm_avx512::gemm::<K>(wr, cols, nb, p, self.m, o),
+                    (None, _) => super::kdot_avx2::rows::<K>(wr, cols, nb, &self.rows, o),
                 }
             };
             return;
         }
-        let _ = (simd, kpanels, amx);
-        for i0 in (0..m).step_by(M_TILE) {
-            for (jj, wj) in wr.chunks_exact(row_bytes).enumerate() {
-                for (i, x) in rows.iter().enumerate().skip(i0).take(M_TILE) {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (self.simd, self.kpanels, self.amx);
+        let row_bytes = nb * K::BLOCK_BYTES;
+        for i0 in (0..self.m).step_by(M_TILE) {
+            for (jj, wj) in wr.chunks_exact(row_bytes).take(cols).enumerate() {
+                for (i, x) in self.rows.iter().enumerate().skip(i0).take(M_TILE) {
                     o.set(i, jj, dot_portable_k::<K>(wj, x));
                 }
             }
         }
-    };
-    for_each_task(n, rows_per_task, task);
+    }
 }
 
 fn run<F: Format>(
@@ -562,7 +623,7 @@ fn run<F: Format>(
 
 /// `out`'s base pointer, shared by the tasks of one matmul (each writes its own columns).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(super) struct SendPtr(pub(super) *mut f32);
 
 // SAFETY: the pointer is only written through `OutCols`, whose column ranges are disjoint
 // between tasks, while the matmul holds the only borrow of the output.
@@ -585,7 +646,7 @@ impl OutCols {
     /// # Safety
     /// `ptr` addresses `m * n` writable values that no one else reads or writes while this
     /// exists, except other `OutCols` over disjoint column ranges; `j0 + cols <= n`.
-    unsafe fn new(ptr: SendPtr, m: usize, n: usize, j0: usize, cols: usize) -> Self {
+    pub(super) unsafe fn new(ptr: SendPtr, m: usize, n: usize, j0: usize, cols: usize) -> Self {
         debug_assert!(j0 + cols <= n);
         Self {
             ptr: ptr.0,
@@ -609,6 +670,21 @@ impl OutCols {
             n: self.n,
             j0: self.j0 + jj,
             cols: self.cols - jj,
+        }
+    }
+
+    /// Columns `jj..jj + cols` of these, as their own view.
+    ///
+    /// # Panics
+    /// If they are not all among the columns.
+    pub(super) fn window(&mut self, jj: usize, cols: usize) -> OutCols {
+        assert!(jj + cols <= self.cols, "matmul output columns out of range");
+        OutCols {
+            ptr: self.ptr,
+            m: self.m,
+            n: self.n,
+            j0: self.j0 + jj,
+            cols,
         }
     }
 

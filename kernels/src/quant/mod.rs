@@ -24,6 +24,8 @@ mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 #[cfg(target_arch = "x86_64")]
+mod kdot16_avx512;
+#[cfg(target_arch = "x86_64")]
 mod kdot_avx2;
 pub mod kformat;
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +34,7 @@ mod kgemm_amx;
 mod kgemm_avx512;
 mod kpanel16;
 pub mod matmul;
+pub mod matmul_x16;
 mod panel;
 mod panel16;
 mod q2_k;
@@ -39,6 +42,7 @@ mod q3_k;
 pub mod q4_0;
 pub mod q4_1;
 mod q4_k;
+pub mod q4_k_x16;
 pub mod q5_0;
 mod q5_k;
 mod q6_k;

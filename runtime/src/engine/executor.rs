@@ -25,6 +25,15 @@ impl Executor {
     ) -> Result<Self, EngineError> {
         match config.device {
             Device::Cpu => {
+                let started = std::time::Instant::now();
+                let repacked = model.prepare_cpu(tidal_kernels::DotKernel::selected());
+                if repacked > 0 {
+                    tracing::info!(
+                        matrices = repacked,
+                        ms = started.elapsed().as_millis() as u64,
+                        "weights repacked for the CPU kernels"
+                    );
+                }
                 let kv = KvStorage::new(
                     model.config(),
                     config.kv_cache_dtype,

@@ -1,8 +1,9 @@
 use std::time::Instant;
 
+use rayon::prelude::*;
 use tidal_kernels::{
     gelu_mul, paged_attention_windowed, rms_norm, rms_norm_in_place, silu_mul, with_warm_workers,
-    write_kv, AttentionSeq, Rope, RopeStyle,
+    write_kv, AttentionSeq, DotKernel, Rope, RopeStyle,
 };
 
 use super::batch::{embed, BatchLayout};
@@ -10,7 +11,7 @@ use super::config::{Architecture, FfnActivation, ModelConfig, RopeScaling};
 use super::error::ModelError;
 use super::file::ModelFile;
 use super::kv_storage::KvStorage;
-use super::weight::{Activations, QuantizeTo};
+use super::weight::{Activations, QuantizeTo, Weight};
 use super::weights::{LayerWeights, ModelWeights};
 
 /// One sequence's share of a forward batch.
@@ -94,6 +95,25 @@ impl Model {
     /// Whether every matrix is read in place from the memory-mapped file.
     pub fn all_weights_mapped(&self) -> bool {
         self.weights.matrices().all(|w| w.is_mapped())
+    }
+
+    /// Repacks, in parallel, the matrices that the CPU kernel `kernel` reads in another
+    /// layout ([`Weight::prepare_cpu`]), so that the first forward pass does not; returns
+    /// how many it repacked.
+    pub fn prepare_cpu(&self, kernel: DotKernel) -> usize {
+        // Not `matrices()`: an embedding that is not also the LM head is only read by rows.
+        let w = &self.weights;
+        let matrices: Vec<&Weight> = std::iter::once(w.lm_head())
+            .chain(
+                w.layers
+                    .iter()
+                    .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]),
+            )
+            .collect();
+        matrices
+            .par_iter()
+            .filter(|w| w.prepare_cpu(kernel))
+            .count()
     }
 
     /// Bytes of weight matrices a decode step reads.

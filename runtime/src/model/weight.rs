@@ -1,6 +1,6 @@
 use std::cell::OnceCell;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::quantized::k_quants::{
     self, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
@@ -8,7 +8,7 @@ use candle_core::quantized::k_quants::{
 };
 use candle_core::quantized::GgmlDType;
 use half::{bf16, f16};
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapMut};
 use tidal_kernels::{DotKernel, QuantType, QuantizedActivations};
 
 use super::error::ModelError;
@@ -201,6 +201,10 @@ pub struct Weight {
     rows: usize,
     cols: usize,
     storage: Storage,
+    /// The same blocks repacked for the CPU kernels where that is faster, made once at the
+    /// first CPU matmul or by [`Weight::prepare_cpu`]: Q4_K in groups of sixteen rows for
+    /// AVX-512 VNNI ([`tidal_kernels::matmul_q4_k_x16`]). `None`: the kernels read `storage`.
+    repacked: OnceLock<Option<MmapMut>>,
 }
 
 impl Weight {
@@ -245,6 +249,7 @@ impl Weight {
                 mmap: file.mmap().clone(),
                 range,
             },
+            repacked: OnceLock::new(),
         };
         // GGUF aligns tensor data (32 bytes by default), so a misaligned tensor is a broken
         // file or an exotic alignment: copy it rather than read it unaligned.
@@ -267,6 +272,7 @@ impl Weight {
                 words,
                 len: bytes.len(),
             },
+            repacked: OnceLock::new(),
         }
     }
 
@@ -329,7 +335,14 @@ impl Weight {
             let xq = a
                 .quantized
                 .get_or_init(|| QuantizedActivations::new(a.x, m, self.cols));
-            tidal_kernels::matmul_quantized(a.kernel, ty, xq, self.bytes(), self.rows, out);
+            match self.repacked(a.kernel) {
+                Some(q4_k_x16) => {
+                    tidal_kernels::matmul_q4_k_x16(a.kernel, xq, q4_k_x16, self.rows, out)
+                }
+                None => {
+                    tidal_kernels::matmul_quantized(a.kernel, ty, xq, self.bytes(), self.rows, out)
+                }
+            }
             return Ok(());
         }
         let mkn = (m, self.cols, self.rows);
@@ -337,6 +350,48 @@ impl Weight {
             k_quants::matmul::<T>(mkn, a.x, blocks::<T>(self.bytes()), out)
                 .map_err(|e| ModelError::Kernel(format!("{}: {e}", self.name)))
         }, else Err(ModelError::UnsupportedTensorType { name: self.name.clone(), dtype: self.dtype }))
+    }
+
+    /// Repacks the matrix for `kernel` now if it ever will be (see [`Weight::repacked`]), so
+    /// that the first forward pass does not; returns whether it did.
+    pub fn prepare_cpu(&self, kernel: DotKernel) -> bool {
+        self.repacked(kernel).is_some()
+    }
+
+    /// The blocks in the layout `kernel` reads fastest where that is not the stored one,
+    /// made on first use: a memory-mapped Q4_K matrix of whole groups of sixteen rows, for
+    /// a kernel with AVX-512 VNNI. Its mapped pages are then released, so the matrix stays
+    /// resident once (the file's pages stay in the page cache, and the embedding lookups that
+    /// read the stored rows bring back only the pages they touch).
+    fn repacked(&self, kernel: DotKernel) -> Option<&[u8]> {
+        self.repacked
+            .get_or_init(|| {
+                let eligible = self.dtype == GgmlDType::Q4K
+                    && self.rows.is_multiple_of(tidal_kernels::Q4_K_X16_GROUP_ROWS)
+                    && tidal_kernels::reads_q4_k_x16(kernel);
+                let Storage::Mapped { mmap, range } = &self.storage else {
+                    return None;
+                };
+                if !eligible {
+                    return None;
+                }
+                let mut packed = match huge_page_buffer(self.bytes().len()) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(name = %self.name, error = %e, "no memory to repack into: the stored layout stays");
+                        return None;
+                    }
+                };
+                tidal_kernels::repack_q4_k_x16_into(
+                    self.bytes(),
+                    self.rows,
+                    self.cols / tidal_kernels::QK_K,
+                    &mut packed[..self.bytes().len()],
+                );
+                release_pages(&self.name, mmap, range);
+                Some(packed)
+            })
+            .as_deref()
     }
 
     /// Dequantises row `row` into `out` (`cols` values): embedding lookup.
@@ -400,8 +455,45 @@ impl Weight {
             rows: self.rows,
             cols: self.cols,
             storage: Storage::Owned { words, len },
+            repacked: OnceLock::new(),
         })
     }
+}
+
+/// `len` zeroed bytes of anonymous memory, backed by huge pages where the kernel allows
+/// (transparent huge pages in `madvise` or `always` mode): a decode step streams the repacked
+/// matrices as it streams the file's mapping, which gets the same hint
+/// (`super::file::ModelFile::open`), and with 4 KiB pages every page is a TLB miss and a
+/// stop for the hardware prefetchers.
+fn huge_page_buffer(len: usize) -> std::io::Result<MmapMut> {
+    let buffer = MmapMut::map_anon(len.max(1))?;
+    #[cfg(target_os = "linux")]
+    if let Err(e) = buffer.advise(memmap2::Advice::HugePage) {
+        tracing::debug!(error = %e, "huge-page hint refused");
+    }
+    Ok(buffer)
+}
+
+/// Drops this process's mapping of `range`'s pages (the page cache keeps them), once nothing
+/// reads them in bulk any more.
+fn release_pages(name: &str, mmap: &Mmap, range: &Range<usize>) {
+    #[cfg(unix)]
+    {
+        // SAFETY: a read-only file mapping: a dropped page reads back the same bytes from the
+        // file when touched again, so no reader sees other contents.
+        let released = unsafe {
+            mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.start,
+                range.len(),
+            )
+        };
+        if let Err(e) = released {
+            tracing::debug!(name, error = %e, "mapped pages not released");
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (name, mmap, range);
 }
 
 /// Dequantises whole blocks of `dtype` in `bytes` (any alignment) into `out`, with candle's
